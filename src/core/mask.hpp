@@ -1,0 +1,49 @@
+// The attention mask of one segment, as ranges: query row i sees keys [key_begin(i), key_end(i)).
+//
+// Everything (causal top-left / bottom-right, sliding window) is a band around one diagonal:
+// diag(i) = i + (bottom_right ? len_kv - len_q : 0), and key j is visible when
+//   diag(i) - left <= j <= diag(i) + right,   with left/right = -1 meaning unbounded.
+// Causal is right = 0. Both range ends are non-decreasing in i, which is what lets kernels skip
+// whole tiles and mask only the tiles that straddle a band edge.
+#pragma once
+
+#include "core/defs.hpp"
+
+namespace raggedattn {
+
+struct MaskSpec {
+  int32_t left = -1;   // -1: unbounded
+  int32_t right = -1;  // -1: unbounded; 0: causal
+  int32_t bottom_right = 0;
+
+  RATTN_HD int64_t diag_shift(int len_q, int len_kv) const {
+    return bottom_right ? static_cast<int64_t>(len_kv) - len_q : 0;
+  }
+  RATTN_HD int key_begin(int64_t i, int len_q, int len_kv) const {
+    if (left < 0) return 0;
+    return static_cast<int>(clamp64(i + diag_shift(len_q, len_kv) - left, 0, len_kv));
+  }
+  RATTN_HD int key_end(int64_t i, int len_q, int len_kv) const {
+    if (right < 0) return len_kv;
+    return static_cast<int>(clamp64(i + diag_shift(len_q, len_kv) + right + 1, 0, len_kv));
+  }
+  // Query rows that see key j: [query_begin(j), query_end(j)).
+  RATTN_HD int query_begin(int64_t j, int len_q, int len_kv) const {
+    if (right < 0) return 0;
+    return static_cast<int>(clamp64(j - diag_shift(len_q, len_kv) - right, 0, len_q));
+  }
+  RATTN_HD int query_end(int64_t j, int len_q, int len_kv) const {
+    if (left < 0) return len_q;
+    return static_cast<int>(clamp64(j - diag_shift(len_q, len_kv) + left + 1, 0, len_q));
+  }
+  RATTN_HD bool visible(int64_t i, int64_t j, int len_q, int len_kv) const {
+    return j >= key_begin(i, len_q, len_kv) && j < key_end(i, len_q, len_kv);
+  }
+  // True when every (row, key) of rows [i0, i1) x keys [j0, j1) is visible (no per-element mask).
+  RATTN_HD bool block_full(int i0, int i1, int j0, int j1, int len_q, int len_kv) const {
+    return i1 <= len_q && j1 <= len_kv && j0 >= key_begin(i1 - 1, len_q, len_kv) &&
+           j1 <= key_end(i0, len_q, len_kv);
+  }
+};
+
+}  // namespace raggedattn

@@ -1,0 +1,47 @@
+// The ragged tile map: one linear index space for the row tiles of every segment, in closed form.
+//
+// Segment b's tiles start at first(b) = floor((cu[b] + b * tile) / tile). Consecutive segments are
+// at least ceil((len + 1) / tile) tiles apart, so no two segments share a tile, the index space
+// is at most ceil((total + B * tile) / tile) tiles, and no prefix sum over segment lengths is ever
+// needed: a kernel turns its block index into (segment, tile) with a binary search over
+// cu_seqlens, and the same formula, times `tile`, is the compact dQ-scratch slot of a segment.
+#pragma once
+
+#include "core/defs.hpp"
+
+namespace raggedattn {
+
+struct TileCoord {
+  int32_t segment;  // -1: this index falls in a gap between segments (no work)
+  int32_t tile;     // tile index within the segment
+};
+
+struct RaggedTiles {
+  int32_t tile_rows;
+  int32_t batch;
+
+  RATTN_HD int64_t first(int b, int32_t cu_b) const {
+    return (static_cast<int64_t>(cu_b) + static_cast<int64_t>(b) * tile_rows) / tile_rows;
+  }
+  RATTN_HD int64_t count(int32_t len) const { return ceil_div(len, tile_rows); }
+
+  // Size of the index space for segments whose valid rows total at most `total_rows`.
+  static int64_t bound(int64_t total_rows, int32_t batch, int32_t tile_rows) {
+    return ceil_div(total_rows + static_cast<int64_t>(batch) * tile_rows, tile_rows);
+  }
+
+  RATTN_HD TileCoord locate(int64_t t, const int32_t* cu) const {
+    int lo = 0, hi = batch - 1;  // largest b with first(b) <= t; first(0) == 0 <= t
+    while (lo < hi) {
+      int mid = (lo + hi + 1) / 2;
+      if (first(mid, cu[mid]) <= t) lo = mid; else hi = mid - 1;
+    }
+    int64_t local = t - first(lo, cu[lo]);
+    TileCoord c;
+    c.segment = local < count(cu[lo + 1] - cu[lo]) ? lo : -1;
+    c.tile = static_cast<int32_t>(local);
+    return c;
+  }
+};
+
+}  // namespace raggedattn

@@ -1,0 +1,103 @@
+// Tile shapes and shared-memory layouts of the portable (sm80+, mma.sync) kernels.
+//
+// Plain C++ (constexpr, host+device): the Plan sizes launches from these functions and the kernels
+// lay out shared memory with the very same ones, so the two cannot disagree.
+//
+// Why these shapes:
+//  - Forward: a CTA owns block_m query rows of one head and streams block_n keys at a time.
+//    Head dims <= 128 give each of 4 warps 32 rows (two m16 fragments share every K/V fragment
+//    load, halving shared-memory reads per FLOP); head dims >= 192 would then need > 255
+//    registers for the output accumulator, so 8 warps own 16 rows each.
+//  - Backward: a CTA owns block_n keys of one KV head (dK, dV accumulate in registers, so GQA
+//    needs no scratch reduction: the CTA loops over the query heads of its group) and streams
+//    block_m query rows. block_n = 128 for head dims <= 128; 64 above, where 16 keys x 256 dims
+//    of dK plus dV would not fit one warp's registers.
+//  - Every shared-memory row is padded by 16 bytes: row pitches of 4 words mod 32 banks make
+//    ldmatrix's eight 16-byte row reads conflict-free for every supported head dim (96 included,
+//    where an XOR swizzle over 12 chunks would not be closed).
+#pragma once
+
+#include <cstddef>
+
+#include "core/defs.hpp"
+
+namespace raggedattn {
+namespace portable {
+
+constexpr int kSmemPad = 8;  // elements of 16-bit data: 16 bytes
+
+struct FwdConfig {
+  int block_m;
+  int block_n;
+  int warps;
+};
+
+struct BwdConfig {
+  int block_m;
+  int block_n;
+  int warps;
+};
+
+RATTN_HD constexpr FwdConfig fwd_config(int dqk, int /*dv*/) {
+  return dqk <= 128 ? FwdConfig{128, 64, 4} : FwdConfig{128, 64, 8};
+}
+RATTN_HD constexpr BwdConfig bwd_config(int dqk, int /*dv*/) {
+  return dqk <= 128 ? BwdConfig{64, 128, 8} : BwdConfig{64, 64, 8};
+}
+
+// Byte offsets inside the dynamic shared memory of one forward CTA.
+struct FwdSmem {
+  int q_pitch, k_pitch, v_pitch;  // elements
+  size_t q, k, v, bytes;
+};
+RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
+  FwdConfig c = fwd_config(dqk, dv);
+  FwdSmem s{};
+  s.q_pitch = dqk + kSmemPad;
+  s.k_pitch = dqk + kSmemPad;
+  s.v_pitch = dv + kSmemPad;
+  s.q = 0;
+  s.k = s.q + size_t(c.block_m) * s.q_pitch * 2;
+  s.v = s.k + size_t(c.block_n) * s.k_pitch * 2;
+  s.bytes = s.v + size_t(c.block_n) * s.v_pitch * 2;
+  return s;
+}
+
+// Backward: K, V stay for the CTA's life; Q, dO, LSE, dot(dO,O) come in `stages` buffers;
+// P^T and dS^T ([key][query]) hand the score tiles from one warp layout to the next.
+struct BwdSmem {
+  int stages;
+  int q_pitch, k_pitch, v_pitch, do_pitch, s_pitch;  // elements
+  size_t k, v, q, d_o, pt, dst, lse, dpsum;          // bytes
+  size_t q_stage, do_stage, stat_stage;              // bytes per stage
+  size_t bytes;
+};
+RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, int stages) {
+  BwdConfig c = bwd_config(dqk, dv);
+  BwdSmem s{};
+  s.stages = stages;
+  s.q_pitch = dqk + kSmemPad;
+  s.k_pitch = dqk + kSmemPad;
+  s.v_pitch = dv + kSmemPad;
+  s.do_pitch = dv + kSmemPad;
+  s.s_pitch = c.block_m + kSmemPad;
+  s.q_stage = size_t(c.block_m) * s.q_pitch * 2;
+  s.do_stage = size_t(c.block_m) * s.do_pitch * 2;
+  s.stat_stage = size_t(c.block_m) * 4;
+  s.k = 0;
+  s.v = s.k + size_t(c.block_n) * s.k_pitch * 2;
+  s.q = s.v + size_t(c.block_n) * s.v_pitch * 2;
+  s.d_o = s.q + s.q_stage * stages;
+  s.pt = s.d_o + s.do_stage * stages;
+  s.dst = s.pt + size_t(c.block_n) * s.s_pitch * 2;
+  s.lse = s.dst + size_t(c.block_n) * s.s_pitch * 2;
+  s.dpsum = s.lse + s.stat_stage * stages;
+  s.bytes = s.dpsum + s.stat_stage * stages;
+  return s;
+}
+
+// Rows of alignment of a segment's slot in the dQ accumulation scratch (16-row aligned slots).
+constexpr int kDqAccumAlign = 16;
+
+}  // namespace portable
+}  // namespace raggedattn

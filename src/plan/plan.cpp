@@ -1,0 +1,195 @@
+// make_plan: validation, the path decision, tile shapes and the scratch layouts — each made once.
+#include <cstdio>
+
+#include "common/dtype.hpp"
+#include "common/status.hpp"
+#include "core/tile_map.hpp"
+#include "cuda/portable/config.hpp"
+#include "plan/plan_data.hpp"
+#include "plan/validate.hpp"
+
+namespace raggedattn {
+namespace {
+
+#ifdef RATTN_WITH_CUDA
+constexpr bool kBuiltWithCuda = true;
+#else
+constexpr bool kBuiltWithCuda = false;
+#endif
+
+constexpr size_t kRegionAlign = 256;
+
+Region take(size_t* cursor, size_t bytes) {
+  Region r;
+  r.offset = round_up(int64_t(*cursor), kRegionAlign);
+  r.bytes = bytes;
+  *cursor = r.offset + bytes;
+  return r;
+}
+
+Status require_cuda(const char* what, const DeviceCaps& caps) {
+  if (!kBuiltWithCuda) {
+    return not_supported("make_plan", "backend ", what,
+                         " requested, but this build of raggedattn has no CUDA backend "
+                         "(configure with nvcc present); available: cpu");
+  }
+  if (!caps.cuda) {
+    return not_supported("make_plan", "backend ", what,
+                         " requested, but no CUDA device is available; available: cpu");
+  }
+  if (caps.cc_major < 8) {
+    return not_supported("make_plan", "device ", caps.device, " has compute capability ",
+                         caps.cc_major, ".", caps.cc_minor, "; the CUDA paths need 8.0 or newer");
+  }
+  return Status::Ok();
+}
+
+// The portable path: every supported shape on sm80+, given the shared memory.
+Status plan_portable(PlanData* d) {
+  const Problem& p = d->problem;
+  if (p.dtype == RATTN_DTYPE_FP32) {
+    return not_supported("make_plan", "dtype fp32 on a CUDA path; CUDA paths take bf16 or fp16 "
+                         "(fp32 runs on backend cpu)");
+  }
+  const int dqk = p.head_dim_qk, dv = p.head_dim_v;
+  const portable::FwdConfig fc = portable::fwd_config(dqk, dv);
+  const portable::BwdConfig bc = portable::bwd_config(dqk, dv);
+  const size_t limit = size_t(d->caps.smem_per_block_optin);
+
+  d->fwd.block_m = fc.block_m;
+  d->fwd.block_n = fc.block_n;
+  d->fwd.threads = fc.warps * 32;
+  d->fwd.smem_bytes = portable::fwd_smem(dqk, dv).bytes;
+  d->fwd.tiles = RaggedTiles::bound(p.total_q, p.batch, fc.block_m);
+
+  d->bwd.block_m = bc.block_m;
+  d->bwd.block_n = bc.block_n;
+  d->bwd.threads = bc.warps * 32;
+  d->bwd.stages = portable::bwd_smem(dqk, dv, 2).bytes <= limit ? 2 : 1;
+  d->bwd.smem_bytes = portable::bwd_smem(dqk, dv, d->bwd.stages).bytes;
+  d->bwd.tiles = RaggedTiles::bound(p.total_kv, p.batch, bc.block_n);
+
+  for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
+    if (s->smem_bytes > limit) {
+      return not_supported("make_plan", "head_dim_qk=", dqk, ", head_dim_v=", dv, " needs ",
+                           s->smem_bytes, " bytes of shared memory per block on the portable path; "
+                           "device ", d->caps.device, " allows ", limit);
+    }
+  }
+
+  // Backward scratch. The dQ layout made here is the one the main and the post kernel address.
+  BwdWorkspace& ws = d->bwd_ws;
+  const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_BF16 ? AccumType::BF16 : AccumType::F32;
+  ws.dq_accum = make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch,
+                                     p.num_heads_q, dqk, p.total_q, p.max_seqlen_q,
+                                     portable::kDqAccumAlign);
+  size_t cursor = 0;
+  ws.dq_accum_region = take(&cursor, size_t(ws.dq_accum.bytes()));
+  ws.dpsum = take(&cursor, size_t(d->row_stats().elements(p.num_heads_q)) * sizeof(float));
+  if (p.deterministic) {
+    int64_t q_tiles = RaggedTiles::bound(p.total_q, p.batch, bc.block_m);
+    ws.locks = take(&cursor, size_t(q_tiles) * p.num_heads_q * sizeof(int32_t));
+  }
+  ws.total = round_up(int64_t(cursor), kRegionAlign);
+  d->fwd_ws.total = 0;
+  return Status::Ok();
+}
+
+Status choose_path(PlanData* d) {
+  const Problem& p = d->problem;
+  const DeviceCaps& caps = d->caps;
+  switch (p.backend) {
+    case RATTN_BACKEND_CPU:
+      d->path = Path::Cpu;
+      return Status::Ok();
+    case RATTN_BACKEND_AUTO:
+      if (!kBuiltWithCuda || !caps.cuda) {
+        d->path = Path::Cpu;
+        return Status::Ok();
+      }
+      [[fallthrough]];
+    case RATTN_BACKEND_CUDA:
+    case RATTN_BACKEND_CUDA_PORTABLE:
+      RATTN_RETURN_IF_ERROR(require_cuda("cuda", caps));
+      d->path = Path::CudaPortable;
+      return plan_portable(d);
+    case RATTN_BACKEND_CUDA_SM90:
+      RATTN_RETURN_IF_ERROR(require_cuda("cuda_sm90", caps));
+      return not_supported("make_plan", "backend cuda_sm90 requested; the Hopper path is not part "
+                           "of this build; available: cuda_portable, cpu");
+  }
+  return invalid_value("make_plan", "backend=", int(p.backend), " is not a backend");
+}
+
+}  // namespace
+
+const char* path_name(Path path) {
+  switch (path) {
+    case Path::Cpu: return "cpu";
+    case Path::CudaPortable: return "cuda_portable";
+    case Path::CudaSm90: return "cuda_sm90";
+  }
+  return "unknown";
+}
+
+Problem default_problem() {
+  Problem p{};
+  p.batch = 0;
+  p.dtype = RATTN_DTYPE_BF16;
+  p.softmax_scale = 0.f;
+  p.softcap = 0.f;
+  p.mask = RATTN_MASK_NONE;
+  p.alignment = RATTN_ALIGN_TOP_LEFT;
+  p.window_left = -1;
+  p.window_right = -1;
+  p.dq_accum = RATTN_DQ_ACCUM_FP32;
+  p.deterministic = 0;
+  p.backend = RATTN_BACKEND_AUTO;
+  return p;
+}
+
+DeviceCaps cpu_caps() {
+  DeviceCaps c{};
+  c.cuda = 0;
+  c.device = -1;
+  return c;
+}
+
+Status make_plan(const Problem& problem, const DeviceCaps& caps, Plan* plan) {
+  if (!plan) return invalid_value("make_plan", "plan output pointer is null");
+  auto d = std::make_shared<PlanData>();
+  RATTN_RETURN_IF_ERROR(resolve_problem(problem, &d->problem));
+  d->caps = caps;
+  const Problem& p = d->problem;
+  d->scale = p.softmax_scale;
+  d->mask.left = p.window_left;
+  d->mask.right = p.mask == RATTN_MASK_CAUSAL ? 0 : p.window_right;
+  d->mask.bottom_right = p.alignment == RATTN_ALIGN_BOTTOM_RIGHT;
+  RATTN_RETURN_IF_ERROR(choose_path(d.get()));
+  *plan = Plan(std::move(d));
+  return Status::Ok();
+}
+
+const Problem& Plan::problem() const { return data_->problem; }
+Path Plan::path() const { return data_->path; }
+
+size_t Plan::workspace_bytes(Direction dir) const {
+  return dir == Direction::Forward ? data_->fwd_ws.total : data_->bwd_ws.total;
+}
+
+std::string Plan::describe() const {
+  const PlanData& d = *data_;
+  const Problem& p = d.problem;
+  std::string s = str_cat(path_name(d.path), " ", dtype_name(p.dtype), " Hq=", p.num_heads_q,
+                          " Hkv=", p.num_heads_kv, " D=", p.head_dim_qk, "/", p.head_dim_v);
+  if (d.path != Path::Cpu) {
+    s += str_cat(" fwd[", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
+                 d.fwd.smem_bytes / 1024, "KiB] bwd[", d.bwd.block_m, "x", d.bwd.block_n, " ",
+                 d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages,
+                 "] dq_accum=", p.dq_accum == RATTN_DQ_ACCUM_BF16 ? "bf16" : "fp32",
+                 p.deterministic ? " deterministic" : "");
+  }
+  return s;
+}
+
+}  // namespace raggedattn

@@ -1,0 +1,69 @@
+// What a Plan holds. Built once by make_plan; read by workspace sizing and by every launch.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/dq_accum_layout.hpp"
+#include "core/mask.hpp"
+#include "core/segments.hpp"
+#include "raggedattn/raggedattn.hpp"
+
+namespace raggedattn {
+
+// A byte range inside a caller's workspace.
+struct Region {
+  size_t offset = 0;
+  size_t bytes = 0;
+  template <class T>
+  T* in(void* workspace) const {
+    return bytes ? reinterpret_cast<T*>(static_cast<char*>(workspace) + offset) : nullptr;
+  }
+};
+
+// The backward's scratch: where each piece lives and, for dQ, how it is addressed.
+struct BwdWorkspace {
+  DqAccumLayout dq_accum;  // the single description of the dQ scratch
+  Region dq_accum_region;  // dq_accum.bytes() at an aligned offset
+  Region dpsum;            // fp32 dot(dO, O), RowStatLayout
+  Region locks;            // int32 per (query tile, query head): deterministic ordering
+  size_t total = 0;
+};
+
+struct FwdWorkspace {
+  size_t total = 0;
+};
+
+// A kernel's launch shape, as chosen by the path.
+struct LaunchShape {
+  int block_m = 0;
+  int block_n = 0;
+  int threads = 0;
+  int stages = 1;
+  size_t smem_bytes = 0;
+  int64_t tiles = 0;  // the ragged tile map's index space (grid.x)
+};
+
+struct PlanData {
+  Problem problem;  // validated, defaults resolved
+  DeviceCaps caps;
+  Path path = Path::Cpu;
+  MaskSpec mask;
+  float scale = 0.f;
+  LaunchShape fwd;
+  LaunchShape bwd;
+  FwdWorkspace fwd_ws;
+  BwdWorkspace bwd_ws;
+
+  TensorLayout q() const { return {problem.q.token, problem.q.head}; }
+  TensorLayout k() const { return {problem.k.token, problem.k.head}; }
+  TensorLayout v() const { return {problem.v.token, problem.v.head}; }
+  TensorLayout o() const { return {problem.o.token, problem.o.head}; }
+  TensorLayout d_o() const { return {problem.d_o.token, problem.d_o.head}; }
+  TensorLayout dq() const { return {problem.dq.token, problem.dq.head}; }
+  TensorLayout dk() const { return {problem.dk.token, problem.dk.head}; }
+  TensorLayout dv() const { return {problem.dv.token, problem.dv.head}; }
+  RowStatLayout row_stats() const { return {problem.total_q}; }
+};
+
+}  // namespace raggedattn

@@ -1,0 +1,23 @@
+// The CPU backend: exact attention forward and backward (fp32 math, fp64 sums) over host tensors.
+//
+// It serves users without a GPU and is the reference every GPU path is checked against. With
+// `emulate_low_precision` it instead rounds each intermediate (scores, probabilities, outputs,
+// dP, dS) to the problem's dtype, as a plain bf16/fp16 implementation of the same math would:
+// the checks bound a fast path's error by a multiple of that implementation's error.
+#pragma once
+
+#include "plan/plan_data.hpp"
+
+namespace raggedattn {
+namespace reference {
+
+struct Options {
+  bool emulate_low_precision = false;
+  int threads = 0;  // 0: hardware concurrency
+};
+
+void forward(const PlanData& plan, const FwdTensors& t, const Options& opt = {});
+void backward(const PlanData& plan, const BwdTensors& t, const Options& opt = {});
+
+}  // namespace reference
+}  // namespace raggedattn
