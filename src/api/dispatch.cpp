@@ -8,6 +8,7 @@
 #include "reference/reference.hpp"
 
 namespace raggedattn {
+#ifndef RATTN_WITH_CUDA
 namespace {
 
 Status no_cuda_build(const char* where) {
@@ -15,6 +16,7 @@ Status no_cuda_build(const char* where) {
 }
 
 }  // namespace
+#endif
 
 DeviceCaps query_device(int device) {
 #ifdef RATTN_WITH_CUDA

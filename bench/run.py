@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark: raggedattn and the anchors on the standard workloads, in one run.
+
+    python3 bench/run.py --cli build/tools/raggedattn --anchors DIR --out bench/results
+
+DIR holds the anchor scripts (anchors_torch.py, anchors_jax.py: PyTorch FA2 varlen, FlexAttention,
+dense SDPA; cuDNN through JAX on the packed layout). Every number of one report comes from the same
+run on the same GPU. Writes latest.json ({workload: {implementation: {fwd_tflops, bwd_tflops}}}),
+latest.md (a table) and latest.png (a chart) under --out.
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workloads import D, HKV, HQ, WORKLOADS, bwd_flops, fwd_flops  # noqa: E402
+
+# Anchor names in the anchor scripts' JSON -> names in our report.
+ANCHOR_KEYS = {
+    "fa2_varlen": "torch_fa2_varlen",
+    "flex": "torch_flex",
+    "sdpa_flash": "torch_sdpa_flash",
+    "sdpa_cudnn": "torch_sdpa_cudnn",
+    "sdpa_efficient": "torch_sdpa_efficient",
+    "cudnn_thd": "jax_cudnn_thd",
+    "jaxnn_cudnn_dense": "jax_cudnn_dense",
+}
+
+
+def run_ours(cli, lens, causal, variant_args, repeat):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
+               "--dim", str(D), "--dtype", "bf16", "--repeat", str(repeat), "--json", out]
+        cmd += ["--causal"] if causal else []
+        cmd += variant_args
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            return {"error": (r.stderr or r.stdout)[-400:]}
+        with open(out) as f:
+            res = json.load(f)
+    fwd_ms, bwd_ms = float(res["fwd_ms"]), float(res["bwd_ms"])
+    return {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
+            "fwd_tflops": fwd_flops(lens, causal) / fwd_ms / 1e9,
+            "bwd_tflops": bwd_flops(lens, causal) / bwd_ms / 1e9,
+            "path": res.get("path", "")}
+
+
+def run_anchor(script, timeout):
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, OUT=tmp, PYTHONUNBUFFERED="1")
+        r = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        outs = [f for f in os.listdir(tmp) if f.endswith(".json")]
+        if not outs:
+            print(f"anchor {script} wrote nothing:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+            return {}
+        with open(os.path.join(tmp, outs[0])) as f:
+            return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--cli", default="build/tools/raggedattn")
+    ap.add_argument("--anchors", help="folder with anchors_torch.py and anchors_jax.py")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--no-anchors", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    names = args.workloads.split(",")
+    variants = {"raggedattn": [], "raggedattn_dq_bf16": ["--dq-accum", "bf16"]}
+    report = {"date": datetime.date.today().isoformat(), "workloads": {}, "meta": {}}
+    for name in names:
+        lens, causal = WORKLOADS[name]
+        row = {}
+        for impl, extra in variants.items():
+            row[impl] = run_ours(args.cli, lens, causal, extra, args.repeat)
+            print(name, impl, json.dumps(row[impl]), flush=True)
+        report["workloads"][name] = row
+
+    if not args.no_anchors and args.anchors:
+        for script in ("anchors_torch.py", "anchors_jax.py"):
+            data = run_anchor(os.path.join(args.anchors, script), timeout=900)
+            for k in ("torch", "cudnn", "jax", "gpu", "matmul_tflops", "copy_TBps"):
+                if k in data:
+                    report["meta"][k] = data[k]
+            for name, res in data.get("workloads", {}).items():
+                if name not in report["workloads"]:
+                    continue
+                for key, val in res.items():
+                    if key in ANCHOR_KEYS and isinstance(val, dict):
+                        report["workloads"][name][ANCHOR_KEYS[key]] = val
+
+    with open(os.path.join(args.out, "latest.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    md = table(report)
+    with open(os.path.join(args.out, "latest.md"), "w") as f:
+        f.write(md)
+    print(md)
+    try:
+        chart(report, os.path.join(args.out, "latest.png"))
+    except Exception as e:  # matplotlib missing: the table and JSON are the results
+        print("chart skipped:", e)
+
+
+def table(report):
+    impls = []
+    for row in report["workloads"].values():
+        for impl in row:
+            if impl not in impls:
+                impls.append(impl)
+    meta = report.get("meta", {})
+    lines = [f"Date {report['date']}, GPU {meta.get('gpu', '?')}, torch {meta.get('torch', '?')}, "
+             f"jax {meta.get('jax', '?')}; bf16, Hq={HQ}, Hkv={HKV}, D={D}; TFLOP/s fwd / bwd.", "",
+             "| workload | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
+    for name, row in report["workloads"].items():
+        cells = []
+        for impl in impls:
+            r = row.get(impl)
+            if not r:
+                cells.append("")
+            elif "error" in r:
+                cells.append("error")
+            else:
+                cells.append(f"{r['fwd_tflops']:.0f} / {r['bwd_tflops']:.0f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(report, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(report["workloads"])
+    impls = sorted({i for r in report["workloads"].values() for i, v in r.items() if "fwd_tflops" in v})
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    width = 0.8 / max(1, len(impls))
+    for ax, key, title in ((axes[0], "fwd_tflops", "forward"), (axes[1], "bwd_tflops", "backward")):
+        for n, impl in enumerate(impls):
+            vals = [report["workloads"][w].get(impl, {}).get(key, 0) for w in names]
+            ax.bar([x + n * width for x in range(len(names))], vals, width, label=impl)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
+        ax.set_xticklabels(names, rotation=20, fontsize=8)
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(title)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"raggedattn vs anchors, {report.get('meta', {}).get('gpu', '')}, {report['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

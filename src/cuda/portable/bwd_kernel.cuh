@@ -1,0 +1,331 @@
+// Backward main kernel of the portable path: one CTA per (key tile of a segment, KV head).
+//
+// dK and dV of the tile accumulate in registers while the CTA streams the query tiles of every
+// query head of its GQA group (no dK/dV scratch, no reduction). Per query tile:
+//   S^T = K Q^T, dP^T = V dO^T        (warps split keys x queries)
+//   P^T = exp(S^T - LSE), dS^T = P^T (dP^T - D)  -> shared memory as [key][query]
+//   dV += P^T dO, dK += dS^T Q        (warps split keys x head dim)
+//   dQ_tile = dS K                    (warps split queries x head dim) -> added into the dQ
+//                                     scratch at DqAccumLayout::offset, the one layout of the Plan
+// Query/dO tiles are double-buffered when shared memory allows (Plan: stages).
+#pragma once
+
+#include "cuda/portable/config.hpp"
+#include "cuda/portable/math.cuh"
+#include "cuda/portable/params.hpp"
+#include "cuda/portable/warp_mma.cuh"
+
+namespace raggedattn {
+namespace portable {
+
+// Adds one fragment row-pair of a dQ tile into the scratch. Deterministic mode has the CTA hold
+// the tile's lock, so plain read-modify-write is race free; __ldcg skips a possibly stale L1.
+template <int NF>
+__device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float (&dq)[NF][4],
+                                                 int b, const Segment& seg, int h, int row,
+                                                 int col0, int half, bool ordered) {
+  const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, row) + col0;
+  if (p.dq_accum.type == AccumType::F32) {
+    float* dst = static_cast<float*>(p.dq_accum_ptr) + off;
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      const float x = dq[f][2 * half], y = dq[f][2 * half + 1];
+      float* d = dst + f * 8;
+      if (ordered) {
+        const float2 cur = __ldcg(reinterpret_cast<const float2*>(d));
+        *reinterpret_cast<float2*>(d) = make_float2(cur.x + x, cur.y + y);
+      } else {
+#if __CUDA_ARCH__ >= 900
+        atomicAdd(reinterpret_cast<float2*>(d), make_float2(x, y));
+#else
+        atomicAdd(d, x);
+        atomicAdd(d + 1, y);
+#endif
+      }
+    }
+  } else {
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dq_accum_ptr) + off);
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(dq[f][2 * half], dq[f][2 * half + 1]);
+      __nv_bfloat162* d = dst + f * 4;
+      if (ordered) {
+        const unsigned int raw = __ldcg(reinterpret_cast<const unsigned int*>(d));
+        const __nv_bfloat162 cur = *reinterpret_cast<const __nv_bfloat162*>(&raw);
+        const float2 a = __bfloat1622float2(cur), c = __bfloat1622float2(v);
+        *d = __floats2bfloat162_rn(a.x + c.x, a.y + c.y);
+      } else {
+        atomicAdd(d, v);
+      }
+    }
+  }
+}
+
+template <class T, int DQK, int DV>
+__global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
+    bwd_kernel(const __grid_constant__ BwdParams p) {
+  constexpr BwdConfig C = bwd_config(DQK, DV);
+  constexpr int BM = C.block_m, BN = C.block_n, NW = C.warps, NT = NW * 32;
+  // Warp grid of the score tiles [BN keys x BM queries].
+  constexpr int S_WN = BN / 16, S_WM = NW / S_WN, S_QW = BM / S_WM, S_NF = S_QW / 8;
+  // Warp grid of dK/dV [BN keys x head dim].
+  constexpr int KV_WN = BN / 16, KV_WD = NW / KV_WN, DK_W = DQK / KV_WD, DV_W = DV / KV_WD;
+  // Warp grid of the dQ tile [BM queries x DQK].
+  constexpr int Q_WM = BM / 16, Q_WD = NW / Q_WM, DQ_W = DQK / Q_WD;
+  static_assert(S_WN <= NW && S_WN * S_WM == NW && S_QW % 16 == 0, "score warp grid");
+  static_assert(KV_WN * KV_WD == NW && DK_W % 16 == 0 && DV_W % 16 == 0, "dK/dV warp grid");
+  static_assert(Q_WM * Q_WD == NW && DQ_W % 16 == 0, "dQ warp grid");
+  using Mma = MmaType<T>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const BwdSmem L = bwd_smem(DQK, DV, p.stages);
+  T* sK = reinterpret_cast<T*>(smem + L.k);
+  T* sV = reinterpret_cast<T*>(smem + L.v);
+  T* sPT = reinterpret_cast<T*>(smem + L.pt);
+  T* sdST = reinterpret_cast<T*>(smem + L.dst);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const TileCoord tc = p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
+  if (tc.segment < 0) return;
+  const int b = tc.segment, hk = blockIdx.y;
+  const Segment seg = p.segs.get(b);
+  const int n0 = tc.tile * BN;
+  const int keys = min(BN, seg.len_kv - n0);
+  const int q_lo = p.mask.query_begin(n0, seg.len_q, seg.len_kv);
+  const int q_hi = p.mask.query_end(n0 + keys - 1, seg.len_q, seg.len_kv);
+  const int m_first = q_lo / BM;
+  const int m_count = q_lo < q_hi ? (q_hi - 1) / BM - m_first + 1 : 0;
+  const int n_it = m_count * p.group;
+
+  // Warp coordinates in the three grids.
+  const int s_key0 = (warp % S_WN) * 16, s_q0 = (warp / S_WN) * S_QW;
+  const int kv_key0 = (warp % KV_WN) * 16, dk_col0 = (warp / KV_WN) * DK_W,
+            dv_col0 = (warp / KV_WN) * DV_W;
+  const int dq_row0 = (warp % Q_WM) * 16, dq_col0 = (warp / Q_WM) * DQ_W;
+
+  float acc_dk[DK_W / 8][4], acc_dv[DV_W / 8][4];
+#pragma unroll
+  for (int f = 0; f < DK_W / 8; ++f)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[f][e] = 0.f;
+#pragma unroll
+  for (int f = 0; f < DV_W / 8; ++f)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dv[f][e] = 0.f;
+
+  auto load_stage = [&](int it, int buf) {
+    const int h = hk * p.group + it / m_count;
+    const int m0 = (m_first + it % m_count) * BM;
+    const int64_t row0 = seg.q_row0 + m0;
+    const int valid = seg.len_q - m0;
+    load_tile_async<BM, DQK, NT>(reinterpret_cast<char*>(smem + L.q) + buf * L.q_stage, L.q_pitch,
+                                 static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
+                                 p.q_layout.token_stride, valid, tid);
+    load_tile_async<BM, DV, NT>(reinterpret_cast<char*>(smem + L.d_o) + buf * L.do_stage,
+                                L.do_pitch, static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
+                                p.do_layout.token_stride, valid, tid);
+    float* s_lse = reinterpret_cast<float*>(smem + L.lse + buf * L.stat_stage);
+    float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + buf * L.stat_stage);
+    const int64_t stat = p.stats.offset(h, row0);
+    for (int r = tid; r < BM; r += NT) {
+      cp_async_4(s_lse + r, p.lse + (r < valid ? stat + r : 0), r < valid);
+      cp_async_4(s_dp + r, p.dpsum + (r < valid ? stat + r : 0), r < valid);
+    }
+  };
+
+  if (n_it > 0) {
+    const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0 + n0, hk);
+    const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
+    load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k, p.k_layout.token_stride, keys, tid);
+    load_tile_async<BN, DV, NT>(sV, L.v_pitch, v, p.v_layout.token_stride, keys, tid);
+    load_stage(0, 0);
+    cp_async_commit();
+  }
+
+  const bool ordered = p.locks != nullptr;
+  const int n_tile_of_segment = tc.tile;
+
+  for (int it = 0; it < n_it; ++it) {
+    const int buf = p.stages == 2 ? (it & 1) : 0;
+    if (p.stages == 2) {
+      if (it + 1 < n_it) load_stage(it + 1, (it + 1) & 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      if (it > 0) {
+        load_stage(it, 0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    const int h = hk * p.group + it / m_count;
+    const int m_tile = m_first + it % m_count;
+    const int m0 = m_tile * BM;
+    const T* sQ = reinterpret_cast<const T*>(smem + L.q + buf * L.q_stage);
+    const T* sdO = reinterpret_cast<const T*>(smem + L.d_o + buf * L.do_stage);
+    const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
+    const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
+
+    // S^T and dP^T for this warp's [16 keys x S_QW queries].
+    float st[S_NF][4], dpt[S_NF][4];
+#pragma unroll
+    for (int f = 0; f < S_NF; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[f][e] = dpt[f][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DQK; kk += 16) {
+      uint32_t a[4];
+      load_a(a, sK, L.k_pitch, s_key0, kk, lane);
+#pragma unroll
+      for (int nq = 0; nq < S_QW / 16; ++nq) {
+        uint32_t bq[4];
+        load_b_nk(bq, sQ, L.q_pitch, s_q0 + nq * 16, kk, lane);
+        mma_16x8x16<T>(st[2 * nq], a, bq[0], bq[1]);
+        mma_16x8x16<T>(st[2 * nq + 1], a, bq[2], bq[3]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < DV; kk += 16) {
+      uint32_t a[4];
+      load_a(a, sV, L.v_pitch, s_key0, kk, lane);
+#pragma unroll
+      for (int nq = 0; nq < S_QW / 16; ++nq) {
+        uint32_t bq[4];
+        load_b_nk(bq, sdO, L.do_pitch, s_q0 + nq * 16, kk, lane);
+        mma_16x8x16<T>(dpt[2 * nq], a, bq[0], bq[1]);
+        mma_16x8x16<T>(dpt[2 * nq + 1], a, bq[2], bq[3]);
+      }
+    }
+
+    // P^T and dS^T, element (key row, query column); written to shared memory as [key][query].
+    const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int kr = s_key0 + lane / 4 + 8 * half;  // key row in the tile
+      const int j = n0 + kr;
+      const int i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
+      const int i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
+#pragma unroll
+      for (int f = 0; f < S_NF; ++f) {
+        float pr[2], ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int qc = s_q0 + f * 8 + 2 * (lane % 4) + e;  // query column in the tile
+          const float lse2 = s_lse[qc] * kLog2e;
+          float x = st[f][2 * half + e], dtanh = 1.f;
+          if (p.softcap > 0.f) {
+            const float t = fast_tanh(x * (p.scale / p.softcap));
+            x = t * (p.softcap * kLog2e);
+            dtanh = 1.f - t * t;
+          } else {
+            x *= p.scale_log2;
+          }
+          const int i = m0 + qc;
+          const bool vis = full || (j < seg.len_kv && i >= i_lo && i < i_hi);
+          pr[e] = vis ? fast_exp2(x - lse2) : 0.f;
+          ds[e] = pr[e] * (dpt[f][2 * half + e] - s_dp[qc]) * dtanh;
+        }
+        const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
+        *reinterpret_cast<uint32_t*>(sdST + kr * L.s_pitch + qc0) = Mma::pack(ds[0], ds[1]);
+      }
+    }
+    __syncthreads();
+
+    // dV += P^T dO and dK += dS^T Q over this tile's queries.
+#pragma unroll
+    for (int kq = 0; kq < BM; kq += 16) {
+      uint32_t a[4];
+      load_a(a, sPT, L.s_pitch, kv_key0, kq, lane);
+#pragma unroll
+      for (int nd = 0; nd < DV_W / 16; ++nd) {
+        uint32_t bb[4];
+        load_b_kn(bb, sdO, L.do_pitch, dv_col0 + nd * 16, kq, lane);
+        mma_16x8x16<T>(acc_dv[2 * nd], a, bb[0], bb[1]);
+        mma_16x8x16<T>(acc_dv[2 * nd + 1], a, bb[2], bb[3]);
+      }
+      load_a(a, sdST, L.s_pitch, kv_key0, kq, lane);
+#pragma unroll
+      for (int nd = 0; nd < DK_W / 16; ++nd) {
+        uint32_t bb[4];
+        load_b_kn(bb, sQ, L.q_pitch, dk_col0 + nd * 16, kq, lane);
+        mma_16x8x16<T>(acc_dk[2 * nd], a, bb[0], bb[1]);
+        mma_16x8x16<T>(acc_dk[2 * nd + 1], a, bb[2], bb[3]);
+      }
+    }
+
+    // dQ tile = dS K over this CTA's keys, added into the scratch.
+    float dq[DQ_W / 8][4];
+#pragma unroll
+    for (int f = 0; f < DQ_W / 8; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq[f][e] = 0.f;
+#pragma unroll
+    for (int kn = 0; kn < BN; kn += 16) {
+      uint32_t a[4];
+      load_a_trans(a, sdST, L.s_pitch, dq_row0, kn, lane);
+#pragma unroll
+      for (int nd = 0; nd < DQ_W / 16; ++nd) {
+        uint32_t bb[4];
+        load_b_kn(bb, sK, L.k_pitch, dq_col0 + nd * 16, kn, lane);
+        mma_16x8x16<T>(dq[2 * nd], a, bb[0], bb[1]);
+        mma_16x8x16<T>(dq[2 * nd + 1], a, bb[2], bb[3]);
+      }
+    }
+
+    int32_t* lock = nullptr;
+    if (ordered) {
+      // The kv tiles that add into this query tile form one contiguous range; wait for the ones
+      // before this tile, in order, so the sum is the same every run.
+      const int first_n = p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
+      const int expected = n_tile_of_segment - first_n;
+      const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
+      lock = p.locks + q_tile * p.heads_q + h;
+      if (tid == 0) {
+        while (atomicAdd(lock, 0) != expected) __nanosleep(64);
+        __threadfence();
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = m0 + dq_row0 + lane / 4 + 8 * half;
+      if (i < seg.len_q) {
+        add_dq_fragments(p, dq, b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
+      }
+    }
+    if (ordered) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(lock, 1);
+    }
+    __syncthreads();  // the next iteration rewrites P^T, dS^T and a Q/dO buffer
+  }
+
+  // Epilogue: dK (times the softmax scale) and dV of this warp's keys.
+  T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
+  T* dv = static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = kv_key0 + lane / 4 + 8 * half;
+    if (r < keys) {
+      T* dkrow = dk + r * p.dk_layout.token_stride + dk_col0 + 2 * (lane % 4);
+      T* dvrow = dv + r * p.dv_layout.token_stride + dv_col0 + 2 * (lane % 4);
+#pragma unroll
+      for (int f = 0; f < DK_W / 8; ++f) {
+        *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
+            Mma::pack(acc_dk[f][2 * half] * p.scale, acc_dk[f][2 * half + 1] * p.scale);
+      }
+#pragma unroll
+      for (int f = 0; f < DV_W / 8; ++f) {
+        *reinterpret_cast<uint32_t*>(dvrow + f * 8) =
+            Mma::pack(acc_dv[f][2 * half], acc_dv[f][2 * half + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace portable
+}  // namespace raggedattn

@@ -1,0 +1,231 @@
+// Forward kernel of the portable path: one CTA per (query tile of a segment, query head).
+//
+// Per key tile: S = Q K^T (tensor cores, fp32), scale into the log2 domain (soft-cap first),
+// mask only where the tile straddles a band edge, online softmax, O += P V with P re-packed from
+// the S accumulators in registers. K and V have one shared-memory buffer each: V_n loads while
+// S_n is computed, K_{n+1} while P V_n is.
+#pragma once
+
+#include "cuda/portable/config.hpp"
+#include "cuda/portable/math.cuh"
+#include "cuda/portable/params.hpp"
+#include "cuda/portable/warp_mma.cuh"
+
+namespace raggedattn {
+namespace portable {
+
+template <class T, int DQK, int DV>
+__global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
+  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr int BM = C.block_m, BN = C.block_n, NT = C.warps * 32;
+  constexpr int WM = BM / C.warps;  // query rows per warp
+  constexpr int MF = WM / 16;       // m16 fragments per warp
+  constexpr int NF = BN / 8;        // n8 fragments of a score tile
+  constexpr int OF = DV / 8;        // n8 fragments of the output
+  constexpr FwdSmem L = fwd_smem(DQK, DV);
+  static_assert(WM % 16 == 0 && BN % 16 == 0 && DQK % 16 == 0 && DV % 16 == 0, "tile shapes");
+  using Mma = MmaType<T>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem + L.q);
+  T* sK = reinterpret_cast<T*>(smem + L.k);
+  T* sV = reinterpret_cast<T*>(smem + L.v);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
+  if (tc.segment < 0) return;
+  const int h = blockIdx.y, hk = h / p.group;
+  const Segment seg = p.segs.get(tc.segment);
+  const int m0 = tc.tile * BM;
+  const int rows = min(BM, seg.len_q - m0);
+  const int key_lo = p.mask.key_begin(m0, seg.len_q, seg.len_kv);
+  const int key_hi = p.mask.key_end(m0 + rows - 1, seg.len_q, seg.len_kv);
+
+  T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
+  float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
+  const int64_t o_stride = p.o_layout.token_stride;
+
+  if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
+    for (int c = tid; c < rows * (DV / 8); c += NT) {
+      const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
+      *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
+    }
+    for (int r = tid; r < rows; r += NT) lse[r] = -INFINITY;
+    return;
+  }
+
+  const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
+  const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
+  const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
+  const int64_t k_stride = p.k_layout.token_stride, v_stride = p.v_layout.token_stride;
+  const int n_first = key_lo / BN, n_last = (key_hi - 1) / BN;
+
+  load_tile_async<BM, DQK, NT>(sQ, L.q_pitch, q, p.q_layout.token_stride, rows, tid);
+  load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k + int64_t(n_first) * BN * k_stride, k_stride,
+                               seg.len_kv - n_first * BN, tid);
+  cp_async_commit();
+
+  float acc_o[MF][OF][4];
+  float row_max[MF][2], row_sum[MF][2];
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int f = 0; f < OF; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mf][f][e] = 0.f;
+    row_max[mf][0] = row_max[mf][1] = -INFINITY;
+    row_sum[mf][0] = row_sum[mf][1] = 0.f;
+  }
+  const int wm0 = warp * WM;
+
+  for (int n = n_first; n <= n_last; ++n) {
+    const int n0 = n * BN;
+    cp_async_wait<0>();
+    __syncthreads();  // K_n is in; every warp is done with V_{n-1}
+    load_tile_async<BN, DV, NT>(sV, L.v_pitch, v + int64_t(n0) * v_stride, v_stride,
+                                seg.len_kv - n0, tid);
+    cp_async_commit();
+
+    float s[MF][NF][4];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mf][f][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DQK; kk += 16) {
+      uint32_t a[MF][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) load_a(a[mf], sQ, L.q_pitch, wm0 + mf * 16, kk, lane);
+#pragma unroll
+      for (int nn = 0; nn < BN / 16; ++nn) {
+        uint32_t b[4];
+        load_b_nk(b, sK, L.k_pitch, nn * 16, kk, lane);
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          mma_16x8x16<T>(s[mf][2 * nn], a[mf], b[0], b[1]);
+          mma_16x8x16<T>(s[mf][2 * nn + 1], a[mf], b[2], b[3]);
+        }
+      }
+    }
+
+    // Scores to the log2 domain.
+    if (p.softcap > 0.f) {
+      const float pre = p.scale / p.softcap, post = p.softcap * kLog2e;
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int f = 0; f < NF; ++f)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mf][f][e] = fast_tanh(s[mf][f][e] * pre) * post;
+    } else {
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int f = 0; f < NF; ++f)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mf][f][e] *= p.scale_log2;
+    }
+    if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = m0 + wm0 + mf * 16 + lane / 4 + 8 * half;
+          const int lo = p.mask.key_begin(i, seg.len_q, seg.len_kv);
+          const int hi = p.mask.key_end(i, seg.len_q, seg.len_kv);
+#pragma unroll
+          for (int f = 0; f < NF; ++f)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = n0 + f * 8 + 2 * (lane % 4) + e;
+              if (j < lo || j >= hi) s[mf][f][2 * half + e] = -INFINITY;
+            }
+        }
+    }
+
+    // Online softmax.
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = row_max[mf][half];
+#pragma unroll
+        for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(s[mf][f][2 * half], s[mf][f][2 * half + 1]));
+        mx = quad_max(mx);
+        const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
+        const float alpha = fast_exp2(row_max[mf][half] - base);
+        row_max[mf][half] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int f = 0; f < NF; ++f)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pr = fast_exp2(s[mf][f][2 * half + e] - base);
+            s[mf][f][2 * half + e] = pr;
+            sum += pr;
+          }
+        row_sum[mf][half] = row_sum[mf][half] * alpha + sum;
+#pragma unroll
+        for (int f = 0; f < OF; ++f) {
+          acc_o[mf][f][2 * half] *= alpha;
+          acc_o[mf][f][2 * half + 1] *= alpha;
+        }
+      }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V_n is in; every warp is done with K_n
+    if (n < n_last) {
+      load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k + int64_t(n0 + BN) * k_stride, k_stride,
+                                   seg.len_kv - n0 - BN, tid);
+      cp_async_commit();
+    }
+
+    // O += P V, P from the score registers.
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      uint32_t a[MF][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        a[mf][0] = Mma::pack(s[mf][2 * kc][0], s[mf][2 * kc][1]);
+        a[mf][1] = Mma::pack(s[mf][2 * kc][2], s[mf][2 * kc][3]);
+        a[mf][2] = Mma::pack(s[mf][2 * kc + 1][0], s[mf][2 * kc + 1][1]);
+        a[mf][3] = Mma::pack(s[mf][2 * kc + 1][2], s[mf][2 * kc + 1][3]);
+      }
+#pragma unroll
+      for (int nd = 0; nd < DV / 16; ++nd) {
+        uint32_t b[4];
+        load_b_kn(b, sV, L.v_pitch, nd * 16, kc * 16, lane);
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          mma_16x8x16<T>(acc_o[mf][2 * nd], a[mf], b[0], b[1]);
+          mma_16x8x16<T>(acc_o[mf][2 * nd + 1], a[mf], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: normalize, write O and the natural-log LSE.
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float l = quad_sum(row_sum[mf][half]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int r = wm0 + mf * 16 + lane / 4 + 8 * half;
+      if (r < rows) {
+        T* orow = o + r * o_stride + 2 * (lane % 4);
+#pragma unroll
+        for (int f = 0; f < OF; ++f) {
+          *reinterpret_cast<uint32_t*>(orow + f * 8) =
+              Mma::pack(acc_o[mf][f][2 * half] * inv, acc_o[mf][f][2 * half + 1] * inv);
+        }
+        if (lane % 4 == 0) lse[r] = l > 0.f ? row_max[mf][half] * kLn2 + logf(l) : -INFINITY;
+      }
+    }
+}
+
+}  // namespace portable
+}  // namespace raggedattn

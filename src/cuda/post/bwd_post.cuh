@@ -1,0 +1,114 @@
+// The backward's small kernels around the main one:
+//   dot_do_o    D[h, row] = sum_d dO * O in fp32 (the softmax-gradient row term);
+//   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::offset —
+//               the same function, from the same Plan object, the main kernel wrote through.
+// Both walk the rows of every segment with the ragged tile map (kPostRows rows per CTA).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/dq_accum_layout.hpp"
+#include "core/segments.hpp"
+#include "core/tile_map.hpp"
+
+namespace raggedattn {
+namespace post {
+
+constexpr int kPostRows = 32;
+constexpr int kPostThreads = 256;
+
+template <class T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+
+struct DotParams {
+  const void* o;
+  const void* d_o;
+  float* dpsum;
+  SegmentArrays segs;
+  TensorLayout o_layout, do_layout;
+  RowStatLayout stats;
+  RaggedTiles tiles;  // kPostRows rows
+  int dv;
+};
+
+// One warp per row; grid (tiles, heads).
+template <class T>
+__global__ void __launch_bounds__(kPostThreads) dot_do_o_kernel(const __grid_constant__ DotParams p) {
+  const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
+  if (tc.segment < 0) return;
+  const Segment seg = p.segs.get(tc.segment);
+  const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = tc.tile * kPostRows + warp; r < min((tc.tile + 1) * kPostRows, seg.len_q);
+       r += kPostThreads / 32) {
+    const int64_t row = seg.q_row0 + r;
+    const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(row, h);
+    const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(row, h);
+    float sum = 0.f;
+    for (int c = lane * 2; c < p.dv; c += 64) {
+      sum += to_float(o[c]) * to_float(d_o[c]) + to_float(o[c + 1]) * to_float(d_o[c + 1]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) p.dpsum[p.stats.offset(h, row)] = sum;
+  }
+}
+
+struct ConvertParams {
+  const void* accum;
+  DqAccumLayout layout;
+  void* dq;
+  SegmentArrays segs;
+  TensorLayout dq_layout;
+  RaggedTiles tiles;  // kPostRows rows
+  float scale;
+};
+
+// 8 columns (16 output bytes) per thread; grid (tiles, heads).
+template <class T>
+__global__ void __launch_bounds__(kPostThreads) dq_convert_kernel(const __grid_constant__ ConvertParams p) {
+  const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
+  if (tc.segment < 0) return;
+  const int b = tc.segment, h = blockIdx.y;
+  const Segment seg = p.segs.get(b);
+  const int r0 = tc.tile * kPostRows;
+  const int rows = min(kPostRows, seg.len_q - r0);
+  const int chunks = p.layout.dim / 8;
+  for (int c = threadIdx.x; c < rows * chunks; c += kPostThreads) {
+    const int r = r0 + c / chunks, col = (c % chunks) * 8;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int split = 0; split < p.layout.nsplits; ++split) {
+      const int64_t off = p.layout.offset(split, b, seg.cu_q, h, r) + col;
+      if (p.layout.type == AccumType::F32) {
+        const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.accum) + off);
+        const float4 x = src[0], y = src[1];
+        acc[0] += x.x; acc[1] += x.y; acc[2] += x.z; acc[3] += x.w;
+        acc[4] += y.x; acc[5] += y.y; acc[6] += y.z; acc[7] += y.w;
+      } else {
+        const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.accum) + off);
+        const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += __bfloat162float(v[e]);
+      }
+    }
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[e] * p.scale);
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r, h) + col) = out;
+  }
+}
+
+}  // namespace post
+}  // namespace raggedattn
