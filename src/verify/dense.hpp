@@ -1,0 +1,70 @@
+// Dense float64 brute force: the attention of the whole packed batch as one [total_q x total_kv]
+// score matrix per head, with the block-diagonal and band mask written out element by element.
+//
+// It shares nothing with src/reference (nor with src/core's mask and segment code): segments come
+// from cu_seqlens / seq_offsets as raggedattn.h defines them, the mask from verify/mask_rules.hpp.
+// It checks the reference backend itself, so it is deliberately naive. Its cost is
+// O(total_q * total_kv * heads * dim): keep cases small.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "verify/case_spec.hpp"
+#include "verify/host_data.hpp"
+#include "verify/mask_rules.hpp"
+
+namespace raggedattn {
+namespace verify {
+
+// A dense [rows, heads, dim] tensor of doubles.
+struct DenseTensor {
+  int64_t rows = 0;
+  int32_t heads = 0;
+  int32_t dim = 0;
+  std::vector<double> values;
+
+  DenseTensor() = default;
+  DenseTensor(int64_t r, int32_t h, int32_t d)
+      : rows(r), heads(h), dim(d), values(size_t(r * h * d), 0.0) {}
+  double* row(int64_t r, int32_t h) { return &values[size_t((r * heads + h) * dim)]; }
+  const double* row(int64_t r, int32_t h) const { return &values[size_t((r * heads + h) * dim)]; }
+  TensorView view() const;
+};
+
+DenseTensor to_dense(const TensorView& t, int64_t rows);
+
+struct DenseProblem {
+  int64_t rows_q = 0, rows_kv = 0;
+  int32_t hq = 0, hkv = 0, dqk = 0, dv = 0;
+  double scale = 0;
+  double softcap = 0;
+  MaskRule mask;
+  // Row -> segment (-1: padding) and position within it; segment -> lengths.
+  std::vector<int32_t> seg_q, pos_q, seg_kv, pos_kv;
+  std::vector<int32_t> len_q, len_kv;
+
+  // The explicit mask: can query row r see key row c?
+  bool visible(int64_t r, int64_t c) const;
+};
+
+// Reads the segment placement from the layout's cu_seqlens and seq_offsets arrays.
+DenseProblem dense_problem(const CaseSpec& spec, const PackLayout& layout);
+
+struct DenseForward {
+  DenseTensor o;    // [rows_q, hq, dv]; rows that see no key: 0
+  DenseTensor lse;  // [rows_q, hq, 1]; rows that see no key: -inf
+};
+struct DenseBackward {
+  DenseTensor dq, dk, dv;
+};
+
+DenseForward dense_forward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
+                           const DenseTensor& v);
+// `o` is the forward output the backward is given (as the API's backward is); P is recomputed from
+// the exact scores.
+DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
+                             const DenseTensor& v, const DenseTensor& o, const DenseTensor& d_o);
+
+}  // namespace verify
+}  // namespace raggedattn

@@ -1,0 +1,32 @@
+// Where a case's tensors live while the backend under test runs: host memory for the CPU path,
+// CUDA device memory for the CUDA paths. The runner is written once against this interface.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "raggedattn/raggedattn.hpp"
+
+namespace raggedattn {
+namespace verify {
+
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  // Allocations live as long as this object.
+  virtual Status alloc(size_t bytes, void** ptr) = 0;
+  virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual Status download(void* host_dst, const void* src, size_t bytes) = 0;
+  // Runs fn and returns the milliseconds it took where the work runs: wall clock on the host,
+  // CUDA events around it on the default stream (fn only enqueues there).
+  virtual Status time(const std::function<Status()>& fn, double* ms) = 0;
+  virtual const char* name() const = 0;
+};
+
+std::unique_ptr<Memory> host_memory();
+// CUDA device memory; nullptr in a build without CUDA.
+std::unique_ptr<Memory> device_memory();
+
+}  // namespace verify
+}  // namespace raggedattn

@@ -1,0 +1,350 @@
+#include "verify/runner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "common/status.hpp"
+#include "plan/plan_data.hpp"
+#include "reference/reference.hpp"
+#include "verify/dense.hpp"
+#include "verify/host_data.hpp"
+#include "verify/memory.hpp"
+#include "verify/rng.hpp"
+
+namespace raggedattn {
+namespace verify {
+namespace {
+
+// Unit roundoff of the storage format: rounding to nearest moves every element by at most this
+// fraction of itself, so it bounds the norm-wise relative error rounding adds.
+double unit_roundoff(rattn_dtype t) {
+  switch (t) {
+    case RATTN_DTYPE_BF16:
+      return 1.0 / 256;  // 8 significant bits
+    case RATTN_DTYPE_FP16:
+      return 1.0 / 2048;  // 11
+    case RATTN_DTYPE_FP32:
+      return 1.0 / 16777216;
+  }
+  return 1.0;
+}
+
+// The tensors of one run, wherever `mem` keeps them.
+struct Bound {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *d_o = nullptr;
+  void *o = nullptr, *lse = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  const int32_t *cu_q = nullptr, *cu_kv = nullptr, *off_q = nullptr, *off_kv = nullptr;
+  void *ws_fwd = nullptr, *ws_bwd = nullptr;
+  size_t ws_fwd_bytes = 0, ws_bwd_bytes = 0;
+
+  FwdTensors fwd() const {
+    FwdTensors t{};
+    t.q = q;
+    t.k = k;
+    t.v = v;
+    t.o = o;
+    t.lse = static_cast<float*>(lse);
+    t.cu_seqlens_q = cu_q;
+    t.cu_seqlens_kv = cu_kv;
+    t.seq_offsets_q = off_q;
+    t.seq_offsets_kv = off_kv;
+    return t;
+  }
+  BwdTensors bwd() const {
+    BwdTensors t{};
+    t.q = q;
+    t.k = k;
+    t.v = v;
+    t.o = o;
+    t.d_o = d_o;
+    t.lse = static_cast<const float*>(lse);
+    t.dq = dq;
+    t.dk = dk;
+    t.dv = dv;
+    t.cu_seqlens_q = cu_q;
+    t.cu_seqlens_kv = cu_kv;
+    t.seq_offsets_q = off_q;
+    t.seq_offsets_kv = off_kv;
+    return t;
+  }
+};
+
+Status alloc_copy(Memory& mem, const void* host, size_t bytes, void** ptr) {
+  RATTN_RETURN_IF_ERROR(mem.alloc(bytes, ptr));
+  return mem.upload(*ptr, host, bytes);
+}
+
+Status alloc_ints(Memory& mem, const std::vector<int32_t>& v, const int32_t** ptr) {
+  *ptr = nullptr;
+  if (v.empty()) return Status::Ok();
+  void* p = nullptr;
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, v.data(), v.size() * sizeof(int32_t), &p));
+  *ptr = static_cast<const int32_t*>(p);
+  return Status::Ok();
+}
+
+// Fills `bytes` of workspace with the poison: a backend must initialize the scratch it reads.
+Status poison_workspace(Memory& mem, void* ws, size_t bytes) {
+  if (!bytes) return Status::Ok();
+  HostBuffer poison(bytes);
+  std::memset(poison.data(), kPoisonByte, bytes);
+  return mem.upload(ws, poison.data(), bytes);
+}
+
+Status upload_outputs(Memory& mem, const HostOutputs& img, const Bound& b, bool fwd_outputs) {
+  if (fwd_outputs) {
+    RATTN_RETURN_IF_ERROR(mem.upload(b.o, img.o.data(), img.o.bytes()));
+    RATTN_RETURN_IF_ERROR(mem.upload(b.lse, img.lse.data(), img.lse.bytes()));
+  }
+  RATTN_RETURN_IF_ERROR(mem.upload(b.dq, img.dq.data(), img.dq.bytes()));
+  RATTN_RETURN_IF_ERROR(mem.upload(b.dk, img.dk.data(), img.dk.bytes()));
+  return mem.upload(b.dv, img.dv.data(), img.dv.bytes());
+}
+
+Status download_outputs(Memory& mem, const Bound& b, HostOutputs* out) {
+  RATTN_RETURN_IF_ERROR(mem.download(out->o.data(), b.o, out->o.bytes()));
+  RATTN_RETURN_IF_ERROR(mem.download(out->lse.data(), b.lse, out->lse.bytes()));
+  RATTN_RETURN_IF_ERROR(mem.download(out->dq.data(), b.dq, out->dq.bytes()));
+  RATTN_RETURN_IF_ERROR(mem.download(out->dk.data(), b.dk, out->dk.bytes()));
+  return mem.download(out->dv.data(), b.dv, out->dv.bytes());
+}
+
+int64_t differing_bytes(const HostTensor& a, const HostTensor& b) {
+  const auto* x = static_cast<const uint8_t*>(a.data());
+  const auto* y = static_cast<const uint8_t*>(b.data());
+  int64_t n = 0;
+  for (size_t i = 0; i < a.bytes(); ++i) n += x[i] != y[i];
+  return n;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void fail(CaseReport* r, const char* stage, const Status& s) {
+  r->status = s.code();
+  r->stage = stage;
+  r->error = s.message();
+  r->pass = false;
+}
+
+// The exact reference (fp32 data, fp32 math, fp64 sums) and the plain low-precision emulation, both
+// on the host through the CPU backend.
+struct ReferenceOutputs {
+  HostOutputs exact, lowp;
+};
+
+Status compute_reference(const CaseSpec& spec, const PackLayout& l, const HostInputs& in,
+                         int threads, ReferenceOutputs* out) {
+  const rattn_dtype kinds[2] = {RATTN_DTYPE_FP32, spec.dtype};
+  for (int which = 0; which < 2; ++which) {
+    const rattn_dtype dt = kinds[which];
+    CaseSpec s = spec;
+    s.dtype = dt;
+    s.backend = RATTN_BACKEND_CPU;
+    Plan plan;
+    RATTN_RETURN_IF_ERROR(make_plan(make_problem(s, l), cpu_caps(), &plan));
+    HostInputs data;
+    data.q = convert(in.q.view(), in.q.rows, dt);
+    data.k = convert(in.k.view(), in.k.rows, dt);
+    data.v = convert(in.v.view(), in.v.rows, dt);
+    data.d_o = convert(in.d_o.view(), in.d_o.rows, dt);
+    HostOutputs& o = which == 0 ? out->exact : out->lowp;
+    o = make_outputs(s, l, dt);
+    Bound b;
+    b.q = data.q.data();
+    b.k = data.k.data();
+    b.v = data.v.data();
+    b.d_o = data.d_o.data();
+    b.o = o.o.data();
+    b.lse = o.lse.data();
+    b.dq = o.dq.data();
+    b.dk = o.dk.data();
+    b.dv = o.dv.data();
+    b.cu_q = l.cu_q.data();
+    b.cu_kv = l.cu_kv.data();
+    b.off_q = l.padded() ? l.off_q.data() : nullptr;
+    b.off_kv = l.padded() ? l.off_kv.data() : nullptr;
+    reference::Options opt;
+    opt.emulate_low_precision = which == 1;
+    opt.threads = threads;
+    reference::forward(plan.data(), b.fwd(), opt);
+    reference::backward(plan.data(), b.bwd(), opt);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Tolerances reference_tolerances() {
+  Tolerances t;
+  t.fill(Tolerance{});
+  return t;
+}
+
+Tolerances dense_tolerances(rattn_dtype storage) {
+  Tolerances t;
+  for (int k = 0; k < kNumTensors; ++k) {
+    // LSE is fp32 whatever the data's dtype.
+    const rattn_dtype out = Tensor(k) == Tensor::Lse ? RATTN_DTYPE_FP32 : storage;
+    t[size_t(k)] = Tolerance{kMinCosine, 0.0, kReferenceMathTol + unit_roundoff(out)};
+  }
+  return t;
+}
+
+CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
+  CaseReport r;
+  r.spec = spec;
+  r.seed = mix_seed(opt.seed, hash_name(spec.name.c_str()));
+
+  const PackLayout layout = make_layout(spec, r.seed);
+  const Problem problem = make_problem(spec, layout);
+  const DeviceCaps caps = opt.caps ? *opt.caps : query_device();
+  Plan plan;
+  if (Status s = make_plan(problem, caps, &plan); !s.ok()) {
+    fail(&r, "make_plan", s);
+    return r;
+  }
+  r.path = plan.describe();
+
+  const HostInputs in = make_inputs(spec, layout, r.seed);
+  HostOutputs test = make_outputs(spec, layout, spec.dtype);
+
+  std::unique_ptr<Memory> mem = plan.path() == Path::Cpu ? host_memory() : device_memory();
+  if (!mem) {
+    fail(&r, "memory",
+         Status(RATTN_ERROR_NOT_SUPPORTED,
+                "raggedattn verify: the plan chose " + r.path +
+                    " but this build has no CUDA runtime to allocate its memory"));
+    return r;
+  }
+
+  Bound b;
+  const char* stage = "memory";
+  auto run = [&]() -> Status {
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, in.q.data(), in.q.bytes(), &b.q));
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, in.k.data(), in.k.bytes(), &b.k));
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, in.v.data(), in.v.bytes(), &b.v));
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, in.d_o.data(), in.d_o.bytes(), &b.d_o));
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.o.data(), test.o.bytes(), &b.o));
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.lse.data(), test.lse.bytes(), &b.lse));
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dq.data(), test.dq.bytes(), &b.dq));
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dk.data(), test.dk.bytes(), &b.dk));
+    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dv.data(), test.dv.bytes(), &b.dv));
+    RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.cu_q, &b.cu_q));
+    RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.cu_kv, &b.cu_kv));
+    RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.off_q, &b.off_q));
+    RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.off_kv, &b.off_kv));
+    b.ws_fwd_bytes = plan.workspace_bytes(Direction::Forward);
+    b.ws_bwd_bytes = plan.workspace_bytes(Direction::Backward);
+    RATTN_RETURN_IF_ERROR(mem->alloc(b.ws_fwd_bytes, &b.ws_fwd));
+    RATTN_RETURN_IF_ERROR(mem->alloc(b.ws_bwd_bytes, &b.ws_bwd));
+    RATTN_RETURN_IF_ERROR(poison_workspace(*mem, b.ws_fwd, b.ws_fwd_bytes));
+    RATTN_RETURN_IF_ERROR(poison_workspace(*mem, b.ws_bwd, b.ws_bwd_bytes));
+
+    const FwdTensors ft = b.fwd();
+    const BwdTensors bt = b.bwd();
+    auto fwd = [&] { return forward(plan, ft, b.ws_fwd, b.ws_fwd_bytes); };
+    auto bwd = [&] { return backward(plan, bt, b.ws_bwd, b.ws_bwd_bytes); };
+    stage = "forward";
+    RATTN_RETURN_IF_ERROR(mem->time(fwd, &r.fwd_ms));
+    stage = "backward";
+    RATTN_RETURN_IF_ERROR(mem->time(bwd, &r.bwd_ms));
+    stage = "memory";
+    RATTN_RETURN_IF_ERROR(download_outputs(*mem, b, &test));
+
+    if (spec.deterministic && opt.check) {
+      // Same inputs, fresh poison: a deterministic backward must reproduce every byte.
+      HostOutputs again = make_outputs(spec, layout, spec.dtype);
+      RATTN_RETURN_IF_ERROR(upload_outputs(*mem, again, b, /*fwd_outputs=*/false));
+      RATTN_RETURN_IF_ERROR(poison_workspace(*mem, b.ws_bwd, b.ws_bwd_bytes));
+      stage = "backward";
+      RATTN_RETURN_IF_ERROR(bwd());
+      stage = "memory";
+      RATTN_RETURN_IF_ERROR(download_outputs(*mem, b, &again));
+      r.nondeterministic = differing_bytes(test.dq, again.dq) + differing_bytes(test.dk, again.dk) +
+                           differing_bytes(test.dv, again.dv);
+    }
+
+    if (opt.timing_runs > 0) {
+      double ms = 0;
+      stage = "forward";
+      RATTN_RETURN_IF_ERROR(mem->time(fwd, &ms));  // warm-up
+      std::vector<double> f, g;
+      for (int i = 0; i < opt.timing_runs; ++i) {
+        RATTN_RETURN_IF_ERROR(mem->time(fwd, &ms));
+        f.push_back(ms);
+      }
+      stage = "backward";
+      RATTN_RETURN_IF_ERROR(mem->time(bwd, &ms));
+      for (int i = 0; i < opt.timing_runs; ++i) {
+        RATTN_RETURN_IF_ERROR(mem->time(bwd, &ms));
+        g.push_back(ms);
+      }
+      r.fwd_ms = median(f);
+      r.bwd_ms = median(g);
+      r.timed_runs = opt.timing_runs;
+    }
+    return Status::Ok();
+  };
+  if (Status s = run(); !s.ok()) {
+    fail(&r, stage, s);
+    return r;
+  }
+
+  r.padding_changed = {
+      changed_padding(test.o, layout.q_padding), changed_padding(test.lse, layout.q_padding),
+      changed_padding(test.dq, layout.q_padding), changed_padding(test.dk, layout.kv_padding),
+      changed_padding(test.dv, layout.kv_padding)};
+  const bool padding_ok =
+      std::all_of(r.padding_changed.begin(), r.padding_changed.end(), [](int64_t n) { return !n; });
+
+  if (!opt.check) {
+    r.mode = CheckMode::None;
+    r.pass = true;
+    return r;
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  if (plan.path() == Path::Cpu) {
+    r.mode = CheckMode::Dense;
+    const DenseProblem dp = dense_problem(spec, layout);
+    const DenseTensor q = to_dense(in.q.view(), in.q.rows);
+    const DenseTensor k = to_dense(in.k.view(), in.k.rows);
+    const DenseTensor v = to_dense(in.v.view(), in.v.rows);
+    const DenseTensor d_o = to_dense(in.d_o.view(), in.d_o.rows);
+    const DenseForward f = dense_forward(dp, q, k, v);
+    // The backward under test was given the forward's stored O: so is the brute force, which
+    // makes the rounding of O to the dtype part of the backward's input, not of its error.
+    const DenseBackward g = dense_backward(dp, q, k, v, to_dense(test.o.view(), test.o.rows), d_o);
+    const TensorViews ref = {f.o.view(), f.lse.view(), g.dq.view(), g.dk.view(), g.dv.view()};
+    r.segments =
+        check_all(layout.segments, views(test), ref, nullptr, dense_tolerances(spec.dtype));
+  } else {
+    r.mode = CheckMode::Reference;
+    ReferenceOutputs ref;
+    if (Status s = compute_reference(spec, layout, in, opt.reference_threads, &ref); !s.ok()) {
+      fail(&r, "reference", s);
+      return r;
+    }
+    const TensorViews lowp = views(ref.lowp);
+    r.segments =
+        check_all(layout.segments, views(test), views(ref.exact), &lowp, reference_tolerances());
+  }
+  r.check_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  r.pass = padding_ok && r.nondeterministic <= 0 &&
+           std::all_of(r.segments.begin(), r.segments.end(),
+                       [](const SegmentCheck& s) { return s.pass(); });
+  return r;
+}
+
+}  // namespace verify
+}  // namespace raggedattn

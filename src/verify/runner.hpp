@@ -1,0 +1,74 @@
+// Runs one case end to end and judges it.
+//
+// run_case: make a plan through the public C++ API; put fresh inputs where the chosen path reads
+// them (host for cpu, device memory for CUDA paths), outputs and workspace poisoned and padding
+// rows holding a sentinel; forward, then backward fed by that forward's O and LSE; copy back; and
+// compare every segment of O, LSE, dQ, dK, dV:
+//  - a CUDA path against the exact CPU reference (fp32 data of the same values), bounded by the
+//    error of the reference's low-precision emulation (DESIGN.md "Verification");
+//  - the cpu path (the reference itself) against the dense float64 brute force, bounded by the
+//    reference's fp32 arithmetic plus the rounding of its outputs to the storage dtype.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "raggedattn/raggedattn.hpp"
+#include "verify/case_spec.hpp"
+#include "verify/metrics.hpp"
+
+namespace raggedattn {
+namespace verify {
+
+// The cpu path's arithmetic (fp32 products, fp64 sums, fp32 exp arguments rounded from fp64) is
+// checked to this relative error against float64; measured values are ~1e-7, and an error in
+// the math (a wrong mask edge, a missing softcap derivative) is orders of magnitude larger.
+constexpr double kReferenceMathTol = 1e-6;
+
+struct RunOptions {
+  uint64_t seed = 1;          // the run's seed; every case derives its own data streams from it
+  bool check = true;          // false: run (and time) only, no reference (bench)
+  int timing_runs = 0;        // > 0: after the checked run, a warm-up and this many timed runs
+  int reference_threads = 0;  // threads of the CPU reference (0: all cores)
+  const DeviceCaps* caps = nullptr;  // nullptr: query_device()
+};
+
+enum class CheckMode {
+  None,       // not checked
+  Reference,  // against the CPU reference, bounded by its low-precision emulation
+  Dense,      // against the float64 brute force
+};
+
+struct CaseReport {
+  CaseSpec spec;
+  uint64_t seed = 0;  // the case's data seed (derived from the run seed and the case name)
+  std::string path;   // plan.describe()
+  // A library or CUDA error. `stage` says where: "make_plan" (the problem is rejected: a usage
+  // error), "forward", "backward" or "memory" (the run failed).
+  rattn_status status = RATTN_SUCCESS;
+  std::string stage;
+  std::string error;
+
+  CheckMode mode = CheckMode::None;
+  std::vector<SegmentCheck> segments;
+  std::array<int64_t, kNumTensors> padding_changed{};  // padding elements written, per tensor
+  int64_t nondeterministic = -1;  // deterministic backward: differing bytes of two runs (-1: n/a)
+
+  double fwd_ms = 0, bwd_ms = 0;  // median of timing_runs, else the checked run's time
+  int timed_runs = 0;
+  double check_ms = 0;  // time spent computing the reference
+  bool pass = false;
+
+  bool plan_error() const { return status != RATTN_SUCCESS && stage == "make_plan"; }
+};
+
+CaseReport run_case(const CaseSpec& spec, const RunOptions& options);
+
+// Tolerances per tensor of each mode.
+Tolerances reference_tolerances();
+Tolerances dense_tolerances(rattn_dtype storage);
+
+}  // namespace verify
+}  // namespace raggedattn

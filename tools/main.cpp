@@ -1,0 +1,392 @@
+// The `raggedattn` command: check, run, bench, info. Parsing and printing only; the work is in
+// src/verify.
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "raggedattn/raggedattn.hpp"
+#include "verify/rng.hpp"
+#include "verify/verify.hpp"
+
+namespace raggedattn {
+namespace cli {
+namespace {
+
+using verify::CaseReport;
+using verify::CaseSpec;
+
+constexpr int kExitFail = 1;
+constexpr int kExitUsage = 2;
+
+const char* const kUsage = R"(usage: raggedattn <command> [options]
+
+commands:
+  check   run the named verification suite (or one config, or random cases) and compare every
+          segment of O, LSE, dQ, dK, dV with the reference; last line PASS or FAIL
+            --backend auto|cpu|cuda|cuda_portable|cuda_sm90   (default auto: CUDA if present)
+            --dtype bf16|fp16|fp32  --dq-accum fp32|bf16  --deterministic
+            --config NAME  --heads HQ/HKV  --random N  --seed S  --list
+          With the cpu backend the reference itself is checked against a float64 brute force.
+  run     run one problem, check it and time it
+            --segments 100,80,76 [--kv-segments ...] [--heads 32/8] [--dim 128] [--dim-v 128]
+            [--causal | --causal-bottom-right] [--window L,R] [--softcap C] [--dtype ..]
+            [--dq-accum ..] [--deterministic] [--padded] [--backend ..] [--seed S]
+            [--repeat N] [--no-check]
+  bench   time one problem (same problem options), no checking
+            [--repeat N] [--json FILE]
+            FLOPs count visible (query, key) pairs only: 2*(Dqk+Dv)*Hq per pair forward,
+            2.5x that backward.
+  info    the build, the device and the plan of a problem (same problem options)
+
+exit status: 0 pass, 1 a check failed, 2 bad arguments or a problem the library rejects
+)";
+
+// What the command line asked for, before defaults that depend on the machine are filled in.
+struct Options {
+  CaseSpec spec;
+  bool have_segments = false, have_heads = false, have_dtype = false;
+  bool causal = false, causal_br = false;
+  std::vector<int32_t> kv_segments;
+  bool have_dim_v = false;
+  std::string config;
+  int32_t random = 0;
+  bool have_seed = false;
+  uint64_t seed = 0;
+  int32_t repeat = -1;
+  bool no_check = false;
+  bool list = false;
+  std::string json;
+};
+
+bool built_with_cuda() {
+#ifdef RATTN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Where the backend will run: decides the machine-dependent defaults (heads, dtype, repeats).
+bool runs_on_cpu(rattn_backend b) {
+  if (b == RATTN_BACKEND_CPU) return true;
+  if (b != RATTN_BACKEND_AUTO) return false;
+  return !built_with_cuda() || !query_device().cuda;
+}
+
+enum class Command { Check, Run, Bench, Info };
+
+Options parse(Command cmd, Args& args) {
+  Options o;
+  o.spec.name = cmd == Command::Bench ? "bench" : "run";
+  while (!args.done()) {
+    const std::string opt = args.next_option();
+    const bool problem_cmd = cmd != Command::Check;
+    auto flag = [&] { args.no_value(opt); };
+    if (opt == "--backend") {
+      const std::string v = args.value(opt);
+      if (!verify::parse_backend(v, &o.spec.backend)) {
+        throw UsageError(opt + ": got '" + v +
+                         "'; expected one of auto, cpu, cuda, cuda_portable, cuda_sm90");
+      }
+    } else if (opt == "--dtype") {
+      const std::string v = args.value(opt);
+      if (!verify::parse_dtype(v, &o.spec.dtype)) {
+        throw UsageError(opt + ": got '" + v + "'; expected one of bf16, fp16, fp32 (cpu only)");
+      }
+      o.have_dtype = true;
+    } else if (opt == "--dq-accum") {
+      const std::string v = args.value(opt);
+      if (!verify::parse_dq_accum(v, &o.spec.dq_accum)) {
+        throw UsageError(opt + ": got '" + v + "'; expected fp32 or bf16");
+      }
+    } else if (opt == "--deterministic") {
+      flag();
+      o.spec.deterministic = true;
+    } else if (opt == "--heads") {
+      parse_heads(opt, args.value(opt), &o.spec.hq, &o.spec.hkv);
+      o.have_heads = true;
+    } else if (opt == "--seed") {
+      o.seed = parse_u64(opt, args.value(opt));
+      o.have_seed = true;
+    } else if (cmd == Command::Check && opt == "--config") {
+      o.config = args.value(opt);
+    } else if (cmd == Command::Check && opt == "--random") {
+      o.random = parse_int(opt, args.value(opt), 1, 1000000);
+    } else if (cmd == Command::Check && opt == "--list") {
+      flag();
+      o.list = true;
+    } else if (problem_cmd && opt == "--segments") {
+      o.spec.seqlens_q = parse_lengths(opt, args.value(opt));
+      o.have_segments = true;
+    } else if (problem_cmd && opt == "--kv-segments") {
+      o.kv_segments = parse_lengths(opt, args.value(opt));
+    } else if (problem_cmd && opt == "--dim") {
+      o.spec.dqk = parse_int(opt, args.value(opt), 1, 65536);
+    } else if (problem_cmd && opt == "--dim-v") {
+      o.spec.dv = parse_int(opt, args.value(opt), 1, 65536);
+      o.have_dim_v = true;
+    } else if (problem_cmd && opt == "--causal") {
+      flag();
+      o.causal = true;
+    } else if (problem_cmd && opt == "--causal-bottom-right") {
+      flag();
+      o.causal_br = true;
+    } else if (problem_cmd && opt == "--window") {
+      parse_window(opt, args.value(opt), &o.spec.window_left, &o.spec.window_right);
+    } else if (problem_cmd && opt == "--softcap") {
+      o.spec.softcap = parse_float(opt, args.value(opt), 0.0);
+    } else if (problem_cmd && opt == "--padded") {
+      flag();
+      o.spec.padded = true;
+    } else if ((cmd == Command::Run || cmd == Command::Bench) && opt == "--repeat") {
+      o.repeat = parse_int(opt, args.value(opt), 1, 100000);
+    } else if (cmd == Command::Run && opt == "--no-check") {
+      flag();
+      o.no_check = true;
+    } else if (cmd == Command::Bench && opt == "--json") {
+      o.json = args.value(opt);
+      if (o.json.empty()) throw UsageError(opt + ": expected a file name");
+    } else {
+      throw UsageError("unknown option '" + opt + "' for this command (see raggedattn --help)");
+    }
+  }
+
+  if (o.causal && o.causal_br) {
+    throw UsageError("--causal and --causal-bottom-right: give one of them");
+  }
+  if (o.causal || o.causal_br) o.spec.mask = RATTN_MASK_CAUSAL;
+  if (o.causal_br) o.spec.alignment = RATTN_ALIGN_BOTTOM_RIGHT;
+  // A window without causal is still measured from a diagonal; bottom-right only via the flag.
+  if (!o.have_dim_v) o.spec.dv = o.spec.dqk;
+
+  const bool cpu = runs_on_cpu(o.spec.backend);
+  if (!o.have_heads) {
+    // The cpu path is checked against an O(total^2) float64 brute force: fewer heads keep the
+    // suite to seconds. A GPU gets the llama3-8B shape.
+    o.spec.hq = cpu ? 8 : 32;
+    o.spec.hkv = cpu ? 2 : 8;
+  }
+  if (!o.have_dtype) o.spec.dtype = cpu ? RATTN_DTYPE_FP32 : RATTN_DTYPE_BF16;
+  if (!o.have_seed) o.seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
+
+  if (cmd != Command::Check) {
+    if (!o.have_segments) {
+      if (cmd != Command::Info)
+        throw UsageError("--segments is required, e.g. --segments 100,80,76");
+      o.spec.seqlens_q = {100, 80, 76};
+    }
+    if (!o.kv_segments.empty()) {
+      if (o.kv_segments.size() != o.spec.seqlens_q.size()) {
+        throw UsageError("--kv-segments: got " + std::to_string(o.kv_segments.size()) +
+                         " lengths; expected one per --segments entry (" +
+                         std::to_string(o.spec.seqlens_q.size()) + ")");
+      }
+      o.spec.seqlens_kv = o.kv_segments;
+    }
+  }
+  return o;
+}
+
+// Prints a library error as the library wrote it, with one "raggedattn: " prefix.
+void print_library_error(const std::string& context, const Status& s) {
+  std::string msg = s.message();
+  const std::string prefix = "raggedattn: ";
+  if (msg.compare(0, prefix.size(), prefix) == 0) msg.erase(0, prefix.size());
+  std::fprintf(stderr, "raggedattn: %s%s\n", context.c_str(), msg.c_str());
+}
+
+// Plans every case before running any: a problem the library rejects is a usage error (exit 2),
+// reported with the library's own message before minutes are spent on the others.
+bool plans_ok(const std::vector<CaseSpec>& cases, bool name_cases) {
+  for (const CaseSpec& c : cases) {
+    const verify::PackLayout l = verify::make_layout(c, 0);
+    Plan plan;
+    const Status s = make_plan(verify::make_problem(c, l), query_device(), &plan);
+    if (!s.ok()) {
+      print_library_error(name_cases ? "config " + c.name + ": " : "", s);
+      return false;
+    }
+  }
+  return true;
+}
+
+void print_header(const Options& o) {
+  std::printf("raggedattn %s (%s build), seed %" PRIu64 "\n", rattn_version(),
+              built_with_cuda() ? "CUDA" : "CPU-only", o.seed);
+}
+
+int cmd_check(const Options& o) {
+  std::vector<CaseSpec> suite = verify::named_suite(o.spec.hq, o.spec.hkv);
+  if (o.list) {
+    for (const CaseSpec& c : suite) {
+      std::printf("%-24s %s, %s\n", c.name.c_str(), verify::segments_str(c).c_str(),
+                  verify::mask_str(c).c_str());
+    }
+    return 0;
+  }
+  std::vector<CaseSpec> cases;
+  if (!o.config.empty()) {
+    for (const CaseSpec& c : suite) {
+      if (c.name == o.config) cases.push_back(c);
+    }
+    if (cases.empty()) {
+      std::string names;
+      for (const CaseSpec& c : suite) names += (names.empty() ? "" : ", ") + c.name;
+      throw UsageError("--config: no configuration named '" + o.config + "'; known: " + names);
+    }
+  } else if (o.random == 0) {
+    cases = suite;
+  }
+  const bool cpu = runs_on_cpu(o.spec.backend);
+  for (int32_t i = 0; i < o.random; ++i) {
+    verify::RandomLimits lim;
+    lim.heads_q = o.spec.hq;
+    lim.max_total = cpu ? 384 : 1024;
+    lim.dtype = o.spec.dtype;
+    lim.backend = o.spec.backend;
+    cases.push_back(verify::random_case(verify::mix_seed(o.seed, uint64_t(i)), lim));
+  }
+  for (CaseSpec& c : cases) {
+    // The options of the command line apply to every case; shapes stay the suite's.
+    c.dtype = o.spec.dtype;
+    c.dq_accum = o.spec.dq_accum;
+    c.deterministic = o.spec.deterministic;
+    c.backend = o.spec.backend;
+  }
+  if (!plans_ok(cases, /*name_cases=*/true)) return kExitUsage;
+
+  print_header(o);
+  verify::RunOptions run;
+  run.seed = o.seed;
+  std::vector<CaseReport> reports;
+  for (const CaseSpec& c : cases) {
+    reports.push_back(verify::run_case(c, run));
+    verify::print_case(std::cout, reports.back());
+    std::cout << "\n";
+    std::cout.flush();
+  }
+  std::cout << "summary:\n";
+  for (const CaseReport& r : reports) verify::print_summary(std::cout, r);
+  return verify::print_verdict(std::cout, reports) ? 0 : kExitFail;
+}
+
+void print_times(const CaseSpec& spec, const CaseReport& r) {
+  const double ff = verify::forward_flops(spec), bf = verify::backward_flops(spec);
+  auto tflops = [](double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
+  std::printf("forward  %10.4f ms  %8.2f TFLOP/s\n", r.fwd_ms, tflops(ff, r.fwd_ms));
+  std::printf("backward %10.4f ms  %8.2f TFLOP/s\n", r.bwd_ms, tflops(bf, r.bwd_ms));
+  std::printf("(%s; %" PRId64 " visible pairs, %.4g fwd FLOP, %.4g bwd FLOP)\n",
+              r.timed_runs
+                  ? ("median of " + std::to_string(r.timed_runs) + " runs after warm-up").c_str()
+                  : "one run, wall clock",
+              verify::visible_pairs(spec), ff, bf);
+}
+
+int cmd_run(const Options& o, bool bench) {
+  if (!plans_ok({o.spec}, /*name_cases=*/false)) return kExitUsage;
+  const bool cpu = runs_on_cpu(o.spec.backend);
+  verify::RunOptions run;
+  run.seed = o.seed;
+  run.check = !bench && !o.no_check;
+  // CUDA: cudaEvent medians after a warm-up. CPU: the reference is slow; one wall-clock run
+  // unless repeats are asked for.
+  run.timing_runs = o.repeat > 0 ? o.repeat : (cpu ? (bench ? 3 : 0) : (bench ? 20 : 10));
+  print_header(o);
+  const CaseReport r = verify::run_case(o.spec, run);
+  if (run.check) {
+    verify::print_case(std::cout, r);
+  } else {
+    verify::print_summary(std::cout, r);
+  }
+  if (r.status != RATTN_SUCCESS) {
+    std::printf("FAIL\n");
+    return kExitFail;
+  }
+  print_times(o.spec, r);
+  if (bench && !o.json.empty()) {
+    std::ofstream f(o.json);
+    const double ff = verify::forward_flops(o.spec), bf = verify::backward_flops(o.spec);
+    f << "{\n  \"path\": \"" << r.path << "\",\n  \"segments\": \"" << verify::segments_str(o.spec)
+      << "\",\n  \"heads_q\": " << o.spec.hq << ",\n  \"heads_kv\": " << o.spec.hkv
+      << ",\n  \"dim_qk\": " << o.spec.dqk << ",\n  \"dim_v\": " << o.spec.dv
+      << ",\n  \"dtype\": \"" << verify::dtype_str(o.spec.dtype) << "\",\n  \"mask\": \""
+      << verify::mask_str(o.spec) << "\",\n  \"repeat\": " << r.timed_runs
+      << ",\n  \"fwd_ms\": " << r.fwd_ms << ",\n  \"bwd_ms\": " << r.bwd_ms
+      << ",\n  \"fwd_flops\": " << ff << ",\n  \"bwd_flops\": " << bf
+      << ",\n  \"fwd_tflops\": " << (r.fwd_ms > 0 ? ff / r.fwd_ms * 1e-9 : 0.0)
+      << ",\n  \"bwd_tflops\": " << (r.bwd_ms > 0 ? bf / r.bwd_ms * 1e-9 : 0.0) << "\n}\n";
+    if (!f) {
+      std::fprintf(stderr, "raggedattn: --json: cannot write '%s'\n", o.json.c_str());
+      return kExitUsage;
+    }
+    std::printf("wrote %s\n", o.json.c_str());
+  }
+  if (!run.check) return 0;
+  std::printf("%s\n", r.pass ? "PASS" : "FAIL");
+  return r.pass ? 0 : kExitFail;
+}
+
+int cmd_info(const Options& o) {
+  std::printf("raggedattn %s\nbuild: %s\n", rattn_version(),
+              built_with_cuda() ? "CUDA backends (cuda_portable) and cpu" : "CPU-only (cpu)");
+  const DeviceCaps caps = query_device();
+  if (caps.cuda) {
+    std::printf("device %d: compute capability %d.%d, %d SMs, %" PRId64
+                " bytes shared memory per block (opt-in), %" PRId64 " bytes L2\n",
+                caps.device, caps.cc_major, caps.cc_minor, caps.num_sms, caps.smem_per_block_optin,
+                caps.l2_bytes);
+  } else {
+    std::printf("device: none usable%s\n", built_with_cuda() ? "" : " (no CUDA in this build)");
+  }
+  const CaseSpec& s = o.spec;
+  std::printf("problem: %s Hq=%d Hkv=%d D=%d/%d %s, %s%s, backend %s\n",
+              verify::segments_str(s).c_str(), s.hq, s.hkv, s.dqk, s.dv, verify::dtype_str(s.dtype),
+              verify::mask_str(s).c_str(), s.padded ? ", padded" : "",
+              verify::backend_str(s.backend));
+  Plan plan;
+  const Status st = make_plan(verify::make_problem(s, verify::make_layout(s, 0)), caps, &plan);
+  if (!st.ok()) {
+    print_library_error("", st);
+    return kExitUsage;
+  }
+  std::printf("plan: %s\nworkspace: forward %zu bytes, backward %zu bytes\n",
+              plan.describe().c_str(), plan.workspace_bytes(Direction::Forward),
+              plan.workspace_bytes(Direction::Backward));
+  return 0;
+}
+
+int main_impl(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return kExitUsage;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  try {
+    Args args(argc, argv, 2);
+    if (cmd == "check") return cmd_check(parse(Command::Check, args));
+    if (cmd == "run") return cmd_run(parse(Command::Run, args), /*bench=*/false);
+    if (cmd == "bench") return cmd_run(parse(Command::Bench, args), /*bench=*/true);
+    if (cmd == "info") return cmd_info(parse(Command::Info, args));
+    throw UsageError("unknown command '" + cmd + "'; expected check, run, bench or info");
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "raggedattn: %s\n", e.what());
+    return kExitUsage;
+  }
+}
+
+}  // namespace
+}  // namespace cli
+}  // namespace raggedattn
+
+int main(int argc, char** argv) {
+  return raggedattn::cli::main_impl(argc, argv);
+}
