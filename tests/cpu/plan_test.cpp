@@ -1,0 +1,200 @@
+// The Plan: path choice from (fake) capabilities, and one object giving both the workspace size
+// and the layouts the launches address (no decision made twice).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "plan/plan_data.hpp"
+#include "test_util.hpp"
+
+namespace raggedattn {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::fake_hopper_caps;
+using testing_util::kBuiltWithCuda;
+
+Problem small_problem(rattn_backend backend) {
+  Problem p = default_problem();
+  p.batch = 3;
+  p.total_q = p.total_kv = 256;
+  p.max_seqlen_q = p.max_seqlen_kv = 100;
+  p.num_heads_q = 8;
+  p.num_heads_kv = 2;
+  p.head_dim_qk = p.head_dim_v = 128;
+  p.mask = RATTN_MASK_CAUSAL;
+  p.backend = backend;
+  return p;
+}
+
+TEST(PlanPath, CpuBackendIsTheReference) {
+  for (const DeviceCaps& caps : {cpu_caps(), fake_hopper_caps()}) {
+    Plan plan;
+    ASSERT_TRUE(make_plan(small_problem(RATTN_BACKEND_CPU), caps, &plan).ok());
+    EXPECT_EQ(plan.path(), Path::Cpu);
+    EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
+    EXPECT_EQ(plan.workspace_bytes(Direction::Backward), 0u);
+    EXPECT_THAT(plan.describe(), ::testing::StartsWith("cpu "));
+  }
+}
+
+TEST(PlanPath, AutoWithoutCudaIsCpu) {
+  Plan plan;
+  ASSERT_TRUE(make_plan(small_problem(RATTN_BACKEND_AUTO), cpu_caps(), &plan).ok());
+  EXPECT_EQ(plan.path(), Path::Cpu);
+}
+
+TEST(PlanPath, AutoWithCudaIsTheCudaPathWhereBuilt) {
+  Plan plan;
+  ASSERT_TRUE(make_plan(small_problem(RATTN_BACKEND_AUTO), fake_hopper_caps(), &plan).ok());
+  // A CPU-only build has no CUDA path to choose, whatever the device.
+  EXPECT_EQ(plan.path(), kBuiltWithCuda ? Path::CudaPortable : Path::Cpu);
+  if (kBuiltWithCuda) {
+    EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_portable "));
+  }
+}
+
+TEST(PlanPath, ComputeCapability75IsRejected) {
+  DeviceCaps turing = fake_hopper_caps();
+  turing.cc_major = 7;
+  turing.cc_minor = 5;
+  for (rattn_backend b : {RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_PORTABLE, RATTN_BACKEND_AUTO}) {
+    Plan plan;
+    const Status s = make_plan(small_problem(b), turing, &plan);
+    if (!kBuiltWithCuda) {
+      if (b == RATTN_BACKEND_AUTO) {
+        EXPECT_TRUE(s.ok());  // auto in a CPU-only build means cpu
+        continue;
+      }
+      EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
+      EXPECT_THAT(s.message(), HasSubstr("no CUDA backend"));
+      continue;
+    }
+    // auto too: falling back to cpu would hand device pointers to a host backend.
+    EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED) << "backend " << int(b);
+    EXPECT_THAT(s.message(), HasSubstr("compute capability 7.5"));
+    EXPECT_THAT(s.message(), HasSubstr("8.0 or newer"));
+  }
+}
+
+TEST(PlanPath, CudaSm90NotAvailableSaysWhatIs) {
+  Plan plan;
+  const Status s = make_plan(small_problem(RATTN_BACKEND_CUDA_SM90), fake_hopper_caps(), &plan);
+  if (s.ok()) {
+    // Once the Hopper path exists it must be the one chosen when asked for.
+    EXPECT_EQ(plan.path(), Path::CudaSm90);
+    return;
+  }
+  EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_THAT(s.message(), HasSubstr("cuda_sm90"));
+  EXPECT_THAT(s.message(), HasSubstr("available:"));
+  EXPECT_THAT(s.message(), HasSubstr("cpu"));
+}
+
+TEST(PlanPath, InvalidBackendValue) {
+  Plan plan;
+  const Status s = make_plan(small_problem(static_cast<rattn_backend>(9)), cpu_caps(), &plan);
+  EXPECT_EQ(s.code(), RATTN_ERROR_INVALID_VALUE);
+  EXPECT_THAT(s.message(), HasSubstr("backend=9"));
+}
+
+// Sizing and addressing come from one PlanData.
+void expect_consistent_workspace(const Plan& plan) {
+  const PlanData& d = plan.data();
+  const BwdWorkspace& ws = d.bwd_ws;
+  EXPECT_EQ(plan.workspace_bytes(Direction::Backward), ws.total);
+  EXPECT_EQ(plan.workspace_bytes(Direction::Forward), d.fwd_ws.total);
+  EXPECT_EQ(ws.dq_accum_region.bytes, size_t(ws.dq_accum.bytes()));
+  if (d.path == Path::Cpu) {
+    EXPECT_EQ(ws.total, 0u) << "the reference backend needs no scratch";
+  } else {
+    EXPECT_EQ(ws.dpsum.bytes, size_t(d.problem.num_heads_q) * size_t(d.problem.total_q) * 4);
+  }
+  std::vector<Region> regions = {ws.dq_accum_region, ws.dpsum};
+  if (d.problem.deterministic) {
+    EXPECT_GT(ws.locks.bytes, 0u);
+    regions.push_back(ws.locks);
+  }
+  std::sort(regions.begin(), regions.end(),
+            [](const Region& a, const Region& b) { return a.offset < b.offset; });
+  for (size_t i = 0; i < regions.size(); ++i) {
+    EXPECT_EQ(regions[i].offset % 16, 0u) << "region " << i << " misaligned";
+    EXPECT_LE(regions[i].offset + regions[i].bytes, ws.total) << "region " << i << " past total";
+    if (i + 1 < regions.size()) {
+      EXPECT_LE(regions[i].offset + regions[i].bytes, regions[i + 1].offset)
+          << "regions " << i << " and " << i + 1 << " overlap";
+    }
+  }
+  // The C API reports the same number.
+  rattn_plan* cplan = nullptr;
+  ASSERT_EQ(rattn_plan_create(&d.problem, &d.caps, &cplan), RATTN_SUCCESS) << rattn_last_error();
+  size_t bytes = 0;
+  EXPECT_EQ(rattn_plan_workspace_size(cplan, RATTN_BACKWARD, &bytes), RATTN_SUCCESS);
+  EXPECT_EQ(bytes, ws.total);
+  rattn_plan_destroy(cplan);
+}
+
+TEST(PlanWorkspace, OnePlanGivesSizeAndLayout) {
+  if (!kBuiltWithCuda) {
+    // The CPU path has no scratch; its numbers still come from the one PlanData.
+    Plan plan;
+    ASSERT_TRUE(make_plan(small_problem(RATTN_BACKEND_CPU), cpu_caps(), &plan).ok());
+    expect_consistent_workspace(plan);
+    GTEST_SKIP() << "CPU-only build: no CUDA plan, so no dQ scratch to size";
+  }
+  for (bool det : {false, true}) {
+    for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
+      Problem p = small_problem(RATTN_BACKEND_CUDA_PORTABLE);
+      p.deterministic = det;
+      p.dq_accum = accum;
+      Plan plan;
+      const Status s = make_plan(p, fake_hopper_caps(), &plan);
+      ASSERT_TRUE(s.ok()) << s.message();
+      SCOPED_TRACE(plan.describe());
+      expect_consistent_workspace(plan);
+    }
+  }
+}
+
+TEST(PlanWorkspace, DqAccumModeChangesTheLayoutInTheObjectTheSizeCameFrom) {
+  if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build: no CUDA plan, so no dQ scratch";
+  Problem p = small_problem(RATTN_BACKEND_CUDA_PORTABLE);
+  Plan f32, b16;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &f32).ok());
+  p.dq_accum = RATTN_DQ_ACCUM_BF16;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &b16).ok());
+  const BwdWorkspace& a = f32.data().bwd_ws;
+  const BwdWorkspace& b = b16.data().bwd_ws;
+  EXPECT_EQ(a.dq_accum.type, AccumType::F32);
+  EXPECT_EQ(b.dq_accum.type, AccumType::BF16);
+  // Same slots, half the bytes; and each plan's size is its own layout's.
+  EXPECT_EQ(a.dq_accum.rows, b.dq_accum.rows);
+  EXPECT_EQ(a.dq_accum.bytes(), 2 * b.dq_accum.bytes());
+  EXPECT_EQ(f32.workspace_bytes(Direction::Backward), a.total);
+  EXPECT_EQ(b16.workspace_bytes(Direction::Backward), b.total);
+  EXPECT_LT(b.total, a.total);
+  EXPECT_THAT(b16.describe(), HasSubstr("dq_accum=bf16"));
+}
+
+TEST(PlanWorkspace, CompactScratchIsNotBatchTimesMaxSeqlen) {
+  // DESIGN.md: one 100k-token document beside a thousand short ones must not cost B x max_seqlen
+  // rows of scratch.
+  if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build: no CUDA plan, so no dQ scratch";
+  Problem p = small_problem(RATTN_BACKEND_CUDA_PORTABLE);
+  p.batch = 1001;
+  p.total_q = p.total_kv = 100000 + 1000 * 37;
+  p.max_seqlen_q = p.max_seqlen_kv = 100000;
+  p.num_heads_q = 4;
+  p.num_heads_kv = 4;
+  Plan plan;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+  const DqAccumLayout& l = plan.data().bwd_ws.dq_accum;
+  EXPECT_LE(l.rows, p.total_q + 16 * int64_t(p.batch) + 16);
+  EXPECT_LT(l.elements(), int64_t(p.batch) * p.max_seqlen_q * p.num_heads_q * p.head_dim_qk / 100);
+}
+
+}  // namespace
+}  // namespace raggedattn

@@ -1,0 +1,287 @@
+// The verification library's own pieces: the pass rule, non-finite and -inf handling, poison and
+// padding detection, layouts with padding, the mask rules, FLOP counts.
+#include "verify/verify.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/mask.hpp"
+#include "verify/mask_rules.hpp"
+#include "verify/rng.hpp"
+
+namespace raggedattn {
+namespace {
+
+using verify::Metrics;
+using verify::Tolerance;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::vector<double> noisy(const std::vector<double>& ref, double rel, uint64_t seed) {
+  // ref + e with ||e|| = rel * ||ref||.
+  verify::Rng r(seed);
+  std::vector<double> e(ref.size());
+  double ne = 0, nr = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    e[i] = r.normal();
+    ne += e[i] * e[i];
+    nr += ref[i] * ref[i];
+  }
+  std::vector<double> x(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) x[i] = ref[i] + e[i] * rel * std::sqrt(nr / ne);
+  return x;
+}
+
+std::vector<double> randn(size_t n, uint64_t seed) {
+  verify::Rng r(seed);
+  std::vector<double> v(n);
+  for (double& x : v) x = r.normal();
+  return v;
+}
+
+TEST(Compare, IdenticalPasses) {
+  const std::vector<double> ref = randn(500, 1);
+  const Metrics m = verify::compare(ref.data(), ref.data(), nullptr, 500, {});
+  EXPECT_TRUE(m.pass);
+  EXPECT_DOUBLE_EQ(m.cos, 1.0);
+  EXPECT_EQ(m.rel, 0.0);
+  EXPECT_EQ(m.max_abs, 0.0);
+  EXPECT_EQ(m.elements, 500);
+}
+
+TEST(Compare, BoundIsTwiceTheLowPrecisionErrorPlusTheFloor) {
+  const std::vector<double> ref = randn(4000, 2);
+  const std::vector<double> lowp = noisy(ref, 3e-3, 3);
+  // bound = 2 * 3e-3 + 1e-3 = 7e-3.
+  const std::vector<double> good = noisy(ref, 6.5e-3, 4);
+  const std::vector<double> bad = noisy(ref, 7.5e-3, 5);
+  const Metrics g = verify::compare(good.data(), ref.data(), lowp.data(), 4000, {});
+  const Metrics b = verify::compare(bad.data(), ref.data(), lowp.data(), 4000, {});
+  EXPECT_NEAR(g.rel_lowp, 3e-3, 1e-12);
+  EXPECT_NEAR(g.bound, 7e-3, 1e-12);
+  EXPECT_TRUE(g.pass) << g.rel;
+  EXPECT_FALSE(b.pass) << b.rel;
+  // Without a low-precision result, only the floor remains.
+  EXPECT_FALSE(verify::compare(good.data(), ref.data(), nullptr, 4000, {}).pass);
+}
+
+TEST(Compare, CosineBelowThresholdFails) {
+  // A generous relative bound cannot rescue a cosine under 0.9999.
+  const std::vector<double> ref = randn(1000, 6);
+  const std::vector<double> x = noisy(ref, 0.02, 7);  // cos ~ 0.9998
+  const Metrics m = verify::compare(x.data(), ref.data(), nullptr, 1000, Tolerance{0.9999, 0, 1.0});
+  EXPECT_LT(m.cos, 0.9999);
+  EXPECT_FALSE(m.pass);
+}
+
+TEST(Compare, NonFiniteOutputFails) {
+  std::vector<double> ref = randn(100, 8), x = ref;
+  x[17] = kNaN;
+  Metrics m = verify::compare(x.data(), ref.data(), nullptr, 100, {});
+  EXPECT_FALSE(m.pass);
+  EXPECT_EQ(m.nonfinite, 1);
+  x[17] = kInf;
+  m = verify::compare(x.data(), ref.data(), nullptr, 100, {});
+  EXPECT_FALSE(m.pass);
+  EXPECT_EQ(m.nonfinite, 1);
+}
+
+TEST(Compare, MinusInfinityRowsMustMatch) {
+  std::vector<double> ref = randn(10, 9), x = ref;
+  ref[3] = x[3] = -kInf;
+  Metrics m = verify::compare(x.data(), ref.data(), nullptr, 10, {});
+  EXPECT_TRUE(m.pass);
+  EXPECT_EQ(m.elements, 9);
+  x[3] = 0.5;  // a finite LSE where the row sees no key
+  m = verify::compare(x.data(), ref.data(), nullptr, 10, {});
+  EXPECT_FALSE(m.pass);
+  EXPECT_EQ(m.inf_mismatch, 1);
+  x[3] = -kInf;
+  x[4] = -kInf;  // -inf where the reference is finite
+  m = verify::compare(x.data(), ref.data(), nullptr, 10, {});
+  EXPECT_FALSE(m.pass);
+  EXPECT_EQ(m.inf_mismatch, 1);
+}
+
+TEST(Compare, AllZeroReferenceMustBeExact) {
+  const std::vector<double> zero(64, 0.0);
+  std::vector<double> x(64, 0.0);
+  Metrics m = verify::compare(x.data(), zero.data(), nullptr, 64, {});
+  EXPECT_TRUE(m.zero_ref);
+  EXPECT_TRUE(m.pass);
+  x[5] = 1e-9;
+  m = verify::compare(x.data(), zero.data(), nullptr, 64, {});
+  EXPECT_FALSE(m.pass);
+  EXPECT_EQ(m.max_abs, 1e-9);
+}
+
+TEST(Compare, EmptySegmentPasses) {
+  verify::HostTensor t(RATTN_DTYPE_BF16, 4, 2, 64);
+  const Metrics m = verify::check_rows(t.view(), t.view(), nullptr, 2, 0, {});
+  EXPECT_TRUE(m.empty());
+  EXPECT_TRUE(m.pass);
+}
+
+TEST(HostData, PaddedLayoutHasGapsAndFlagsThem) {
+  verify::CaseSpec c;
+  c.name = "gaps";
+  c.seqlens_q = {5, 0, 7};
+  c.seqlens_kv = {3, 4, 0};
+  c.padded = true;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    const verify::PackLayout l = verify::make_layout(c, seed);
+    ASSERT_EQ(l.off_q.size(), 4u);
+    EXPECT_EQ(l.cu_q, (std::vector<int32_t>{0, 5, 5, 12}));
+    EXPECT_GE(l.off_q[0], 1);  // padding before the first segment too
+    for (int b = 0; b < 3; ++b) {
+      EXPECT_GT(l.off_q[size_t(b) + 1], l.off_q[size_t(b)] + c.seqlens_q[size_t(b)]) << "no gap";
+    }
+    EXPECT_EQ(l.total_q, l.off_q[3]);
+    int64_t valid = 0;
+    for (uint8_t pad : l.q_padding) valid += !pad;
+    EXPECT_EQ(valid, 12);
+    EXPECT_EQ(l.q_padding[size_t(l.off_q[0])], 0);
+    EXPECT_EQ(l.q_padding[size_t(l.off_q[0]) - 1], 1);
+  }
+}
+
+TEST(HostData, OutputsArePoisonedAndPaddingIsWatched) {
+  verify::CaseSpec c;
+  c.name = "poison";
+  c.seqlens_q = {5, 7};
+  c.hq = 2;
+  c.hkv = 1;
+  c.dqk = c.dv = 64;
+  c.padded = true;
+  const verify::PackLayout l = verify::make_layout(c, 1);
+  verify::HostOutputs out = verify::make_outputs(c, l, RATTN_DTYPE_BF16);
+  const int64_t row = l.off_q[0];
+  EXPECT_TRUE(std::isnan(out.o.view().at(row, 1, 3))) << "unwritten outputs must read as NaN";
+  EXPECT_TRUE(std::isnan(out.lse.view().at(row, 1, 0)));
+  for (const verify::HostTensor* t : {&out.o, &out.lse, &out.dq}) {
+    EXPECT_EQ(verify::changed_padding(*t, l.q_padding), 0);
+  }
+  out.dq.set(row - 1, 0, 0, 1.f);  // a write into the padding before segment 0
+  out.lse.set(l.total_q - 1, 1, 0, 0.f);
+  EXPECT_EQ(verify::changed_padding(out.dq, l.q_padding), 1);
+  EXPECT_EQ(verify::changed_padding(out.lse, l.q_padding), 1);
+
+  const verify::HostInputs in = verify::make_inputs(c, l, 1);
+  EXPECT_EQ(in.q.view().at(row - 1, 0, 0), double(verify::kInputPaddingValue));
+  EXPECT_NE(in.q.view().at(row, 0, 0), 0.0);
+  // Fresh data per seed.
+  const verify::HostInputs other = verify::make_inputs(c, l, 2);
+  EXPECT_NE(in.q.view().at(row, 0, 0), other.q.view().at(row, 0, 0));
+}
+
+TEST(MaskRules, AgreeWithTheCoreMaskOnRandomBands) {
+  // Two derivations of raggedattn.h's mask: the kernels' (src/core) and the brute force's.
+  verify::Rng r(42);
+  for (int trial = 0; trial < 3000; ++trial) {
+    verify::CaseSpec c;
+    c.mask = r.chance(0.5) ? RATTN_MASK_CAUSAL : RATTN_MASK_NONE;
+    c.alignment = r.chance(0.5) ? RATTN_ALIGN_BOTTOM_RIGHT : RATTN_ALIGN_TOP_LEFT;
+    c.window_left = int32_t(r.range(-1, 20));
+    c.window_right =
+        c.mask == RATTN_MASK_CAUSAL ? int32_t(r.range(-1, 0)) : int32_t(r.range(-1, 20));
+    const verify::MaskRule rule = verify::MaskRule::of(c);
+    MaskSpec core;
+    core.left = c.window_left;
+    core.right = c.mask == RATTN_MASK_CAUSAL ? 0 : c.window_right;
+    core.bottom_right = c.alignment == RATTN_ALIGN_BOTTOM_RIGHT;
+    const int lq = int(r.range(0, 40)), lk = int(r.range(0, 40));
+    for (int i = 0; i < lq; ++i) {
+      int64_t seen = 0;
+      for (int j = 0; j < lk; ++j) {
+        ASSERT_EQ(rule.visible(i, j, lq, lk), core.visible(i, j, lq, lk))
+            << "trial " << trial << " i=" << i << " j=" << j << " lq=" << lq << " lk=" << lk;
+        seen += rule.visible(i, j, lq, lk);
+      }
+      ASSERT_EQ(rule.keys_seen(i, lq, lk), seen);
+    }
+  }
+}
+
+TEST(Flops, CountVisiblePairsOnly) {
+  verify::CaseSpec c;
+  c.seqlens_q = {4};
+  c.hq = 1;
+  c.dqk = c.dv = 128;
+  EXPECT_EQ(verify::visible_pairs(c), 16);
+  c.mask = RATTN_MASK_CAUSAL;
+  EXPECT_EQ(verify::visible_pairs(c), 10);
+  EXPECT_DOUBLE_EQ(verify::forward_flops(c), 2.0 * 256 * 10);
+  EXPECT_DOUBLE_EQ(verify::backward_flops(c), 2.5 * 2.0 * 256 * 10);
+  c.window_left = 1;
+  EXPECT_EQ(verify::visible_pairs(c), 1 + 2 + 2 + 2);
+  c.window_left = -1;
+  c.seqlens_q = {2};
+  c.seqlens_kv = {5};
+  c.alignment = RATTN_ALIGN_BOTTOM_RIGHT;
+  EXPECT_EQ(verify::visible_pairs(c), 4 + 5);
+  c.alignment = RATTN_ALIGN_TOP_LEFT;
+  EXPECT_EQ(verify::visible_pairs(c), 1 + 2);
+}
+
+TEST(Runner, CpuPathReportsDenseModeTimingsAndPath) {
+  verify::CaseSpec c = verify::named_suite(2, 1)[1];
+  c.backend = RATTN_BACKEND_CPU;
+  c.dtype = RATTN_DTYPE_FP32;
+  verify::RunOptions opt;
+  opt.timing_runs = 2;
+  const verify::CaseReport r = verify::run_case(c, opt);
+  ASSERT_EQ(r.status, RATTN_SUCCESS) << r.error;
+  EXPECT_TRUE(r.pass);
+  EXPECT_EQ(r.mode, verify::CheckMode::Dense);
+  EXPECT_EQ(r.timed_runs, 2);
+  EXPECT_GT(r.fwd_ms, 0.0);
+  EXPECT_EQ(r.path.rfind("cpu fp32", 0), 0u) << r.path;
+  EXPECT_EQ(r.nondeterministic, -1);
+}
+
+TEST(Runner, DeterministicBackwardIsComparedBitwise) {
+  verify::CaseSpec c = verify::named_suite(2, 1)[1];
+  c.backend = RATTN_BACKEND_CPU;
+  c.deterministic = true;
+  const verify::CaseReport r = verify::run_case(c, {});
+  EXPECT_TRUE(r.pass);
+  EXPECT_EQ(r.nondeterministic, 0);
+}
+
+TEST(Runner, PlanErrorsAreReportedWithTheLibraryMessage) {
+  verify::CaseSpec c = verify::named_suite(2, 1)[1];
+  c.dqk = c.dv = 100;
+  c.backend = RATTN_BACKEND_CPU;
+  const verify::CaseReport r = verify::run_case(c, {});
+  EXPECT_FALSE(r.pass);
+  EXPECT_TRUE(r.plan_error());
+  EXPECT_EQ(r.status, RATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(r.error.find("head_dim_qk=100"), std::string::npos) << r.error;
+}
+
+TEST(Report, TableHasARowPerSegmentAndMarksFailures) {
+  verify::CaseSpec c = verify::named_suite(2, 1)[1];  // three segments
+  c.backend = RATTN_BACKEND_CPU;
+  verify::CaseReport r = verify::run_case(c, {});
+  ASSERT_TRUE(r.pass);
+  r.segments[2].t[size_t(verify::Tensor::Dq)].pass = false;
+  r.pass = false;
+  std::ostringstream os;
+  verify::print_case(os, r);
+  const std::string s = os.str();
+  EXPECT_NE(s.find("    2    "), std::string::npos);
+  EXPECT_NE(s.find("! segment 2 dQ"), std::string::npos) << s;
+  EXPECT_NE(s.find("FAIL"), std::string::npos);
+  std::ostringstream v;
+  EXPECT_FALSE(verify::print_verdict(v, {r}));
+  EXPECT_EQ(v.str().rfind("FAIL", 0), 0u);
+}
+
+}  // namespace
+}  // namespace raggedattn
