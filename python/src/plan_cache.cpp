@@ -1,0 +1,185 @@
+#include "plan_cache.hpp"
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+namespace raggedattn_py {
+
+void check(rattn_status status) {
+  if (status == RATTN_SUCCESS) return;
+  std::string message = rattn_last_error();
+  if (message.empty()) message = std::string("raggedattn: ") + rattn_status_name(status);
+  throw LibraryError(status, message);
+}
+
+Plan::Plan(rattn_plan* plan) : plan_(plan) {
+  try {
+    check(rattn_plan_workspace_size(plan_, RATTN_FORWARD, &fwd_workspace_));
+    check(rattn_plan_workspace_size(plan_, RATTN_BACKWARD, &bwd_workspace_));
+  } catch (...) {
+    rattn_plan_destroy(plan_);
+    throw;
+  }
+}
+
+Plan::~Plan() { rattn_plan_destroy(plan_); }
+
+std::string Plan::describe() const {
+  char buffer[512];
+  check(rattn_plan_describe(plan_, buffer, sizeof(buffer)));
+  return buffer;
+}
+
+void Plan::forward(const rattn_fwd_tensors& t, void* workspace, size_t workspace_bytes,
+                   void* stream) const {
+  check(rattn_forward(plan_, &t, workspace, workspace_bytes, stream));
+}
+
+void Plan::backward(const rattn_bwd_tensors& t, void* workspace, size_t workspace_bytes,
+                    void* stream) const {
+  check(rattn_backward(plan_, &t, workspace, workspace_bytes, stream));
+}
+
+namespace {
+
+// Every field of the problem, and the device, as integers: rattn_problem has padding bytes, so
+// its raw bytes are no key.
+constexpr size_t kKeyFields = 37;
+using Key = std::array<int64_t, kKeyFields>;
+
+int64_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return int64_t(u);
+}
+
+Key make_key(const rattn_problem& p, int device) {
+  const bool cpu = p.backend == RATTN_BACKEND_CPU;
+  return Key{p.batch,
+             p.total_q,
+             p.total_kv,
+             p.max_seqlen_q,
+             p.max_seqlen_kv,
+             p.has_seq_offsets,
+             p.num_heads_q,
+             p.num_heads_kv,
+             p.head_dim_qk,
+             p.head_dim_v,
+             int64_t(p.dtype),
+             p.q.token, p.q.head, p.k.token, p.k.head, p.v.token, p.v.head,
+             p.o.token, p.o.head, p.d_o.token, p.d_o.head,
+             p.dq.token, p.dq.head, p.dk.token, p.dk.head, p.dv.token, p.dv.head,
+             float_bits(p.softmax_scale),
+             float_bits(p.softcap),
+             int64_t(p.mask),
+             int64_t(p.alignment),
+             p.window_left,
+             p.window_right,
+             int64_t(p.dq_accum),
+             p.deterministic,
+             int64_t(p.backend),
+             cpu ? -1 : device};
+}
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+    for (int64_t v : k) {
+      h ^= uint64_t(v);
+      h *= 1099511628211ull;
+    }
+    return size_t(h);
+  }
+};
+
+// Least recently used plans go first: packed batches change total_q from step to step, so the
+// number of distinct problems grows without bound in a long run.
+constexpr size_t kCapacity = 4096;
+
+class PlanCache {
+ public:
+  std::shared_ptr<const Plan> get(const rattn_problem& problem, int device) {
+    const Key key = make_key(problem, device);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->second;
+    }
+    auto plan = create(problem, device);
+    lru_.emplace_front(key, plan);
+    index_[key] = lru_.begin();
+    if (lru_.size() > kCapacity) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    return plan;
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return lru_.size();
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    index_.clear();
+    lru_.clear();
+  }
+
+ private:
+  std::shared_ptr<const Plan> create(const rattn_problem& problem, int device) {
+    rattn_plan* plan = nullptr;
+    if (problem.backend == RATTN_BACKEND_CPU) {
+      rattn_device_caps none{};  // no CUDA device: the CPU backend needs none
+      none.device = -1;
+      check(rattn_plan_create(&problem, &none, &plan));
+    } else {
+      check(rattn_plan_create(&problem, &caps(device), &plan));
+    }
+    return std::make_shared<const Plan>(plan);
+  }
+
+  // Device capabilities, queried once per device (the query is slow: it reads every property).
+  const rattn_device_caps& caps(int device) {
+    if (device < 0) {  // the current device: asked each time, as it may change
+      rattn_device_caps current{};
+      check(rattn_query_device(-1, &current));
+      return caps_[current.cuda ? current.device : -1] = current;
+    }
+    auto it = caps_.find(device);
+    if (it == caps_.end()) {
+      rattn_device_caps c{};
+      check(rattn_query_device(device, &c));
+      it = caps_.emplace(device, c).first;
+    }
+    return it->second;
+  }
+
+  std::mutex mutex_;
+  std::list<std::pair<Key, std::shared_ptr<const Plan>>> lru_;
+  std::unordered_map<Key, decltype(lru_)::iterator, KeyHash> index_;
+  std::map<int, rattn_device_caps> caps_;
+};
+
+PlanCache& cache() {
+  static PlanCache* instance = new PlanCache();  // never destroyed: used until interpreter exit
+  return *instance;
+}
+
+}  // namespace
+
+std::shared_ptr<const Plan> get_plan(const rattn_problem& problem, int device) {
+  return cache().get(problem, device);
+}
+
+size_t plan_cache_size() { return cache().size(); }
+void clear_plan_cache() { cache().clear(); }
+
+}  // namespace raggedattn_py
