@@ -1,0 +1,44 @@
+"""The installed package: what it loads, and that it loads no framework it is not asked for."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import raggedattn
+
+
+def _run(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def test_import_loads_no_framework():
+    out = _run("import sys, raggedattn; print('torch' in sys.modules, 'jax' in sys.modules)")
+    assert out.split() == ["False", "False"]
+
+
+def test_library_is_the_packaged_one():
+    """The extension finds libraggedattn.so beside itself (rpath $ORIGIN), not elsewhere."""
+    package_dir = os.path.dirname(os.path.realpath(raggedattn.__file__))
+    assert os.path.exists(os.path.join(package_dir, "libraggedattn.so"))
+    maps = _run("import raggedattn; print(open('/proc/self/maps').read())")
+    loaded = {line.split()[-1] for line in maps.splitlines() if "libraggedattn" in line}
+    assert loaded == {os.path.join(package_dir, "libraggedattn.so")}, loaded
+
+
+def test_versions_and_device_query():
+    assert raggedattn.library_version() == raggedattn.__version__
+    caps = raggedattn.query_device()
+    assert set(caps) >= {"cuda", "device", "compute_capability", "num_sms"}
+    assert isinstance(caps["cuda"], bool)
+
+
+def test_problem_defaults_are_the_c_api_defaults():
+    from raggedattn import _C
+
+    p = _C.Problem()
+    assert (p.dtype, p.mask, p.alignment, p.dq_accum, p.backend) == (
+        _C.DTYPE_BF16, _C.MASK_NONE, _C.ALIGN_TOP_LEFT, _C.DQ_ACCUM_FP32, _C.BACKEND_AUTO)
+    assert (p.window_left, p.window_right, p.q_strides) == (-1, -1, (0, 0))
