@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One GPU session's work over a build made elsewhere (the GPU machine's time is scarce; compile
+# before, run here): verification, the GPU tests, compute-sanitizer, the benchmark.
+#
+#   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
+#
+# STEPs: info check tests sanitize bench anchors (default: info check tests sanitize bench).
+# BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
+# `anchors` needs ANCHORS_DIR (the anchor scripts). Each step's log goes to OUT_DIR/<step>.txt.
+set -u
+build=$(cd "$1" && pwd)
+out=$2
+shift 2
+steps=${*:-info check tests sanitize bench}
+mkdir -p "$out"
+cli="$build/tools/raggedattn"
+status=0
+
+step() {  # name timeout_s command...
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+  local rc=$?
+  echo "   rc=$rc in $((SECONDS - t0)) s; last lines:"
+  tail -n 4 "$out/$name.txt" | sed 's/^/   /'
+  [ $rc -eq 0 ] || status=1
+}
+
+for s in $steps; do
+  case $s in
+    info)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >"$out/info.txt" 2>&1
+      "$cli" info --segments 100,80,76 >>"$out/info.txt" 2>&1
+      cat "$out/info.txt" ;;
+    check)
+      step check_dq_fp32 300 "$cli" check --backend cuda
+      step check_dq_bf16 300 "$cli" check --backend cuda --dq-accum bf16 ;;
+    tests)
+      step gpu_tests 420 "$build/tests/gpu/raggedattn_gpu_tests" --gtest_brief=1 ;;
+    sanitize)
+      for c in short_odd zero_length padded_thd cross_bottom_right d192_dv128; do
+        step "memcheck_$c" 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+          "$cli" check --backend cuda --config $c --heads 4/2
+      done
+      step racecheck_short_odd 180 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        "$cli" check --backend cuda --config short_odd --heads 2/1
+      step memcheck_deterministic 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$cli" check --backend cuda --config gqa_causal_100_80_76 --heads 4/2 --deterministic ;;
+    bench)
+      step bench 300 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors --out "$out" ;;
+    anchors)
+      step bench_anchors 900 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" \
+        --anchors "${ANCHORS_DIR:?set ANCHORS_DIR}" --out "$out" ;;
+  esac
+done
+exit $status
