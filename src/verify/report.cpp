@@ -52,7 +52,7 @@ void print_failures(std::ostream& os, const CaseReport& r) {
       if (m.inf_mismatch)
         os << m.inf_mismatch << " elements -inf in only one of output/reference; ";
       if (m.zero_ref) {
-        os << fmt("reference is all zero, max abs %.3e (must be 0)", m.max_abs);
+        os << fmt("reference is all zero, max abs %.3e (bound %.3e)", m.max_abs, m.bound);
       } else if (!m.nonfinite && !m.inf_mismatch) {
         os << fmt("cos %.6f (min %.4f), rel %.3e (bound %.3e", m.cos, kMinCosine, m.rel, m.bound);
         if (r.mode == CheckMode::Reference) os << fmt(" = 2 x %.3e + floor", m.rel_lowp);
@@ -81,7 +81,7 @@ double worst_ratio(const CaseReport& r, int* segment, Tensor* tensor) {
   for (size_t b = 0; b < r.segments.size(); ++b) {
     for (int k = 0; k < kNumTensors; ++k) {
       const Metrics& m = r.segments[b].t[size_t(k)];
-      if (m.empty() || m.elements == 0 || m.bound <= 0) continue;
+      if (m.empty() || m.elements == 0 || m.zero_ref || m.bound <= 0) continue;
       const double ratio = m.rel / m.bound;
       if (ratio > worst || (segment && *segment < 0)) {
         worst = ratio;

@@ -193,7 +193,8 @@ Tolerances dense_tolerances(rattn_dtype storage) {
   for (int k = 0; k < kNumTensors; ++k) {
     // LSE is fp32 whatever the data's dtype.
     const rattn_dtype out = Tensor(k) == Tensor::Lse ? RATTN_DTYPE_FP32 : storage;
-    t[size_t(k)] = Tolerance{kMinCosine, 0.0, kReferenceMathTol + unit_roundoff(out)};
+    t[size_t(k)] =
+        Tolerance{kMinCosine, 0.0, kReferenceMathTol + unit_roundoff(out), kReferenceMathTol};
   }
   return t;
 }
