@@ -66,15 +66,18 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr BwdConfig C = bwd_config(DQK, DV);
   constexpr int BM = C.block_m, BN = C.block_n, NW = C.warps, NT = NW * 32;
-  // Warp grid of the score tiles [BN keys x BM queries].
-  constexpr int S_WN = BN / 16, S_WM = NW / S_WN, S_QW = BM / S_WM, S_NF = S_QW / 8;
-  // Warp grid of dK/dV [BN keys x head dim].
-  constexpr int KV_WN = BN / 16, KV_WD = NW / KV_WN, DK_W = DQK / KV_WD, DV_W = DV / KV_WD;
-  // Warp grid of the dQ tile [BM queries x DQK].
-  constexpr int Q_WM = BM / 16, Q_WD = NW / Q_WM, DQ_W = DQK / Q_WD;
-  static_assert(S_WN <= NW && S_WN * S_WM == NW && S_QW % 16 == 0, "score warp grid");
-  static_assert(KV_WN * KV_WD == NW && DK_W % 16 == 0 && DV_W % 16 == 0, "dK/dV warp grid");
-  static_assert(Q_WM * Q_WD == NW && DQ_W % 16 == 0, "dQ warp grid");
+  // Score tiles [BN keys x BM queries]: warp tile S_KW keys x S_QW queries.
+  constexpr int S_KW = BN / C.s_warps_key, S_QW = BM / (NW / C.s_warps_key);
+  // dK/dV [BN keys x dim]: warp tile KV_KW keys x (DK_W | DV_W) columns.
+  constexpr int KV_KW = BN / C.kv_warps_key, KV_DW = NW / C.kv_warps_key;
+  constexpr int DK_W = DQK / KV_DW, DV_W = DV / KV_DW;
+  // dQ tile [BM queries x DQK]: warp tile DQ_QW queries x DQ_W columns.
+  constexpr int DQ_QW = BM / C.dq_warps_q, DQ_W = DQK / (NW / C.dq_warps_q);
+  constexpr int S_MF = S_KW / 16, S_NF = S_QW / 8;
+  constexpr int KV_MF = KV_KW / 16, DQ_MF = DQ_QW / 16;
+  static_assert(S_KW % 16 == 0 && S_QW % 16 == 0, "score warp tile");
+  static_assert(KV_KW % 16 == 0 && DK_W % 16 == 0 && DV_W % 16 == 0, "dK/dV warp tile");
+  static_assert(DQ_QW % 16 == 0 && DQ_W % 16 == 0, "dQ warp tile");
   using Mma = MmaType<T>;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -98,31 +101,25 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   const int n_it = m_count * p.group;
 
   // Warp coordinates in the three grids.
-  const int s_key0 = (warp % S_WN) * 16, s_q0 = (warp / S_WN) * S_QW;
-  const int kv_key0 = (warp % KV_WN) * 16, dk_col0 = (warp / KV_WN) * DK_W,
-            dv_col0 = (warp / KV_WN) * DV_W;
-  const int dq_row0 = (warp % Q_WM) * 16, dq_col0 = (warp / Q_WM) * DQ_W;
+  const int s_key0 = (warp % C.s_warps_key) * S_KW, s_q0 = (warp / C.s_warps_key) * S_QW;
+  const int kv_key0 = (warp % C.kv_warps_key) * KV_KW;
+  const int dk_col0 = (warp / C.kv_warps_key) * DK_W, dv_col0 = (warp / C.kv_warps_key) * DV_W;
+  const int dq_row0 = (warp % C.dq_warps_q) * DQ_QW, dq_col0 = (warp / C.dq_warps_q) * DQ_W;
 
-  float acc_dk[DK_W / 8][4], acc_dv[DV_W / 8][4];
-#pragma unroll
-  for (int f = 0; f < DK_W / 8; ++f)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[f][e] = 0.f;
-#pragma unroll
-  for (int f = 0; f < DV_W / 8; ++f)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dv[f][e] = 0.f;
+  float acc_dk[KV_MF][DK_W / 8][4], acc_dv[KV_MF][DV_W / 8][4];
+  zero(acc_dk);
+  zero(acc_dv);
 
   auto load_stage = [&](int it, int buf) {
     const int h = hk * p.group + it / m_count;
     const int m0 = (m_first + it % m_count) * BM;
     const int64_t row0 = seg.q_row0 + m0;
     const int valid = seg.len_q - m0;
-    load_tile_async<BM, DQK, NT>(reinterpret_cast<char*>(smem + L.q) + buf * L.q_stage, L.q_pitch,
+    load_tile_async<BM, DQK, NT>(smem + L.q + buf * L.q_stage, L.q_pitch,
                                  static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
                                  p.q_layout.token_stride, valid, tid);
-    load_tile_async<BM, DV, NT>(reinterpret_cast<char*>(smem + L.d_o) + buf * L.do_stage,
-                                L.do_pitch, static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
+    load_tile_async<BM, DV, NT>(smem + L.d_o + buf * L.do_stage, L.do_pitch,
+                                static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
                                 p.do_layout.token_stride, valid, tid);
     float* s_lse = reinterpret_cast<float*>(smem + L.lse + buf * L.stat_stage);
     float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + buf * L.stat_stage);
@@ -143,7 +140,6 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   }
 
   const bool ordered = p.locks != nullptr;
-  const int n_tile_of_segment = tc.tile;
 
   for (int it = 0; it < n_it; ++it) {
     const int buf = p.stages == 2 ? (it & 1) : 0;
@@ -168,119 +164,75 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
     const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
 
-    // S^T and dP^T for this warp's [16 keys x S_QW queries].
-    float st[S_NF][4], dpt[S_NF][4];
+    // S^T = K Q^T and dP^T = V dO^T for this warp's [S_KW keys x S_QW queries].
+    float st[S_MF][S_NF][4], dpt[S_MF][S_NF][4];
+    zero(st);
+    zero(dpt);
+    warp_gemm<T, S_MF, S_NF, DQK, false, false>(st, sK, L.k_pitch, s_key0, sQ, L.q_pitch, s_q0, lane);
+    warp_gemm<T, S_MF, S_NF, DV, false, false>(dpt, sV, L.v_pitch, s_key0, sdO, L.do_pitch, s_q0, lane);
+
+    // P^T = exp(S^T - LSE), dS^T = P^T (dP^T - D) (times tanh' under a soft cap), stored
+    // [key][query]. Each thread's query columns and their row statistics, once per step.
+    float lse2[S_NF][2], dsum[S_NF][2];
 #pragma unroll
     for (int f = 0; f < S_NF; ++f)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[f][e] = dpt[f][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < DQK; kk += 16) {
-      uint32_t a[4];
-      load_a(a, sK, L.k_pitch, s_key0, kk, lane);
-#pragma unroll
-      for (int nq = 0; nq < S_QW / 16; ++nq) {
-        uint32_t bq[4];
-        load_b_nk(bq, sQ, L.q_pitch, s_q0 + nq * 16, kk, lane);
-        mma_16x8x16<T>(st[2 * nq], a, bq[0], bq[1]);
-        mma_16x8x16<T>(st[2 * nq + 1], a, bq[2], bq[3]);
+      for (int e = 0; e < 2; ++e) {
+        const int qc = s_q0 + f * 8 + 2 * (lane % 4) + e;
+        lse2[f][e] = s_lse[qc] * kLog2e;
+        dsum[f][e] = s_dp[qc];
       }
-    }
-#pragma unroll
-    for (int kk = 0; kk < DV; kk += 16) {
-      uint32_t a[4];
-      load_a(a, sV, L.v_pitch, s_key0, kk, lane);
-#pragma unroll
-      for (int nq = 0; nq < S_QW / 16; ++nq) {
-        uint32_t bq[4];
-        load_b_nk(bq, sdO, L.do_pitch, s_q0 + nq * 16, kk, lane);
-        mma_16x8x16<T>(dpt[2 * nq], a, bq[0], bq[1]);
-        mma_16x8x16<T>(dpt[2 * nq + 1], a, bq[2], bq[3]);
-      }
-    }
-
-    // P^T and dS^T, element (key row, query column); written to shared memory as [key][query].
     const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int kr = s_key0 + lane / 4 + 8 * half;  // key row in the tile
-      const int j = n0 + kr;
-      const int i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
-      const int i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
+    for (int mf = 0; mf < S_MF; ++mf)
 #pragma unroll
-      for (int f = 0; f < S_NF; ++f) {
-        float pr[2], ds[2];
+      for (int half = 0; half < 2; ++half) {
+        const int kr = s_key0 + mf * 16 + lane / 4 + 8 * half;  // key row in the tile
+        const int j = n0 + kr;
+        const int i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
+        const int i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int qc = s_q0 + f * 8 + 2 * (lane % 4) + e;  // query column in the tile
-          const float lse2 = s_lse[qc] * kLog2e;
-          float x = st[f][2 * half + e], dtanh = 1.f;
-          if (p.softcap > 0.f) {
-            const float t = fast_tanh(x * (p.scale / p.softcap));
-            x = t * (p.softcap * kLog2e);
-            dtanh = 1.f - t * t;
-          } else {
-            x *= p.scale_log2;
+        for (int f = 0; f < S_NF; ++f) {
+          float pr[2], ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = st[mf][f][2 * half + e], dtanh = 1.f;
+            if (p.softcap > 0.f) {
+              const float t = fast_tanh(x * (p.scale / p.softcap));
+              x = t * (p.softcap * kLog2e);
+              dtanh = 1.f - t * t;
+            } else {
+              x *= p.scale_log2;
+            }
+            const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
+            const bool vis = full || (j < seg.len_kv && i >= i_lo && i < i_hi);
+            pr[e] = vis ? fast_exp2(x - lse2[f][e]) : 0.f;
+            ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsum[f][e]) * dtanh;
           }
-          const int i = m0 + qc;
-          const bool vis = full || (j < seg.len_kv && i >= i_lo && i < i_hi);
-          pr[e] = vis ? fast_exp2(x - lse2) : 0.f;
-          ds[e] = pr[e] * (dpt[f][2 * half + e] - s_dp[qc]) * dtanh;
+          const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
+          *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
+          *reinterpret_cast<uint32_t*>(sdST + kr * L.s_pitch + qc0) = Mma::pack(ds[0], ds[1]);
         }
-        const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
-        *reinterpret_cast<uint32_t*>(sdST + kr * L.s_pitch + qc0) = Mma::pack(ds[0], ds[1]);
       }
-    }
     __syncthreads();
 
-    // dV += P^T dO and dK += dS^T Q over this tile's queries.
-#pragma unroll
-    for (int kq = 0; kq < BM; kq += 16) {
-      uint32_t a[4];
-      load_a(a, sPT, L.s_pitch, kv_key0, kq, lane);
-#pragma unroll
-      for (int nd = 0; nd < DV_W / 16; ++nd) {
-        uint32_t bb[4];
-        load_b_kn(bb, sdO, L.do_pitch, dv_col0 + nd * 16, kq, lane);
-        mma_16x8x16<T>(acc_dv[2 * nd], a, bb[0], bb[1]);
-        mma_16x8x16<T>(acc_dv[2 * nd + 1], a, bb[2], bb[3]);
-      }
-      load_a(a, sdST, L.s_pitch, kv_key0, kq, lane);
-#pragma unroll
-      for (int nd = 0; nd < DK_W / 16; ++nd) {
-        uint32_t bb[4];
-        load_b_kn(bb, sQ, L.q_pitch, dk_col0 + nd * 16, kq, lane);
-        mma_16x8x16<T>(acc_dk[2 * nd], a, bb[0], bb[1]);
-        mma_16x8x16<T>(acc_dk[2 * nd + 1], a, bb[2], bb[3]);
-      }
-    }
+    // dV += P^T dO and dK += dS^T Q over this step's queries.
+    warp_gemm<T, KV_MF, DV_W / 8, BM, false, true>(acc_dv, sPT, L.s_pitch, kv_key0, sdO, L.do_pitch,
+                                                   dv_col0, lane);
+    warp_gemm<T, KV_MF, DK_W / 8, BM, false, true>(acc_dk, sdST, L.s_pitch, kv_key0, sQ, L.q_pitch,
+                                                   dk_col0, lane);
 
     // dQ tile = dS K over this CTA's keys, added into the scratch.
-    float dq[DQ_W / 8][4];
-#pragma unroll
-    for (int f = 0; f < DQ_W / 8; ++f)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dq[f][e] = 0.f;
-#pragma unroll
-    for (int kn = 0; kn < BN; kn += 16) {
-      uint32_t a[4];
-      load_a_trans(a, sdST, L.s_pitch, dq_row0, kn, lane);
-#pragma unroll
-      for (int nd = 0; nd < DQ_W / 16; ++nd) {
-        uint32_t bb[4];
-        load_b_kn(bb, sK, L.k_pitch, dq_col0 + nd * 16, kn, lane);
-        mma_16x8x16<T>(dq[2 * nd], a, bb[0], bb[1]);
-        mma_16x8x16<T>(dq[2 * nd + 1], a, bb[2], bb[3]);
-      }
-    }
+    float dq[DQ_MF][DQ_W / 8][4];
+    zero(dq);
+    warp_gemm<T, DQ_MF, DQ_W / 8, BN, true, true>(dq, sdST, L.s_pitch, dq_row0, sK, L.k_pitch,
+                                                  dq_col0, lane);
 
     int32_t* lock = nullptr;
     if (ordered) {
-      // The kv tiles that add into this query tile form one contiguous range; wait for the ones
-      // before this tile, in order, so the sum is the same every run.
-      const int first_n = p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
-      const int expected = n_tile_of_segment - first_n;
+      // The key tiles that add into this query tile form one contiguous range starting at the
+      // tile of the first key its first row sees; add in that order, so every run sums alike.
+      const int expected = tc.tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
       const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
       lock = p.locks + q_tile * p.heads_q + h;
       if (tid == 0) {
@@ -290,41 +242,45 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       __syncthreads();
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = m0 + dq_row0 + lane / 4 + 8 * half;
-      if (i < seg.len_q) {
-        add_dq_fragments(p, dq, b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
+    for (int mf = 0; mf < DQ_MF; ++mf)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = m0 + dq_row0 + mf * 16 + lane / 4 + 8 * half;
+        if (i < seg.len_q) {
+          add_dq_fragments(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
+        }
       }
-    }
     if (ordered) {
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(lock, 1);
     }
-    __syncthreads();  // the next iteration rewrites P^T, dS^T and a Q/dO buffer
+    __syncthreads();  // the next step rewrites P^T, dS^T and a Q/dO buffer
   }
 
   // Epilogue: dK (times the softmax scale) and dV of this warp's keys.
   T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
   T* dv = static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = kv_key0 + lane / 4 + 8 * half;
-    if (r < keys) {
-      T* dkrow = dk + r * p.dk_layout.token_stride + dk_col0 + 2 * (lane % 4);
-      T* dvrow = dv + r * p.dv_layout.token_stride + dv_col0 + 2 * (lane % 4);
+  for (int mf = 0; mf < KV_MF; ++mf)
 #pragma unroll
-      for (int f = 0; f < DK_W / 8; ++f) {
-        *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
-            Mma::pack(acc_dk[f][2 * half] * p.scale, acc_dk[f][2 * half + 1] * p.scale);
-      }
+    for (int half = 0; half < 2; ++half) {
+      const int r = kv_key0 + mf * 16 + lane / 4 + 8 * half;
+      if (r < keys) {
+        T* dkrow = dk + r * p.dk_layout.token_stride + dk_col0 + 2 * (lane % 4);
+        T* dvrow = dv + r * p.dv_layout.token_stride + dv_col0 + 2 * (lane % 4);
 #pragma unroll
-      for (int f = 0; f < DV_W / 8; ++f) {
-        *reinterpret_cast<uint32_t*>(dvrow + f * 8) =
-            Mma::pack(acc_dv[f][2 * half], acc_dv[f][2 * half + 1]);
+        for (int f = 0; f < DK_W / 8; ++f) {
+          *reinterpret_cast<uint32_t*>(dkrow + f * 8) = Mma::pack(
+              acc_dk[mf][f][2 * half] * p.scale, acc_dk[mf][f][2 * half + 1] * p.scale);
+        }
+#pragma unroll
+        for (int f = 0; f < DV_W / 8; ++f) {
+          *reinterpret_cast<uint32_t*>(dvrow + f * 8) =
+              Mma::pack(acc_dv[mf][f][2 * half], acc_dv[mf][f][2 * half + 1]);
+        }
       }
     }
-  }
 }
 
 }  // namespace portable

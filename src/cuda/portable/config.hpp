@@ -33,16 +33,22 @@ struct FwdConfig {
 };
 
 struct BwdConfig {
-  int block_m;
-  int block_n;
+  int block_m;       // queries per step
+  int block_n;       // keys per CTA
   int warps;
+  int s_warps_key;   // score tiles [block_n x block_m]: warps along keys (the rest along queries)
+  int kv_warps_key;  // dK/dV [block_n x dim]: warps along keys (the rest along the head dim)
+  int dq_warps_q;    // dQ tile [block_m x dqk]: warps along queries (the rest along the head dim)
 };
 
 RATTN_HD constexpr FwdConfig fwd_config(int dqk, int /*dv*/) {
   return dqk <= 128 ? FwdConfig{128, 64, 4} : FwdConfig{128, 64, 8};
 }
+// Warp tiles of 32 x 32 (or larger along the head dim) in every product: each warp reuses every
+// fragment it loads twice or more, which keeps shared-memory reads under the tensor-core time.
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int /*dv*/) {
-  return dqk <= 128 ? BwdConfig{64, 128, 8} : BwdConfig{64, 64, 8};
+  return dqk <= 128 ? BwdConfig{64, 128, 8, 4, 4, dqk == 96 ? 4 : 2}
+                    : BwdConfig{64, 64, 8, 2, 2, 2};
 }
 
 // Byte offsets inside the dynamic shared memory of one forward CTA.

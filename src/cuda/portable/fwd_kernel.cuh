@@ -33,7 +33,9 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   T* sV = reinterpret_cast<T*>(smem + L.v);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
+  // Under a causal mask a segment's last query tiles see the most keys: walking the index space
+  // backwards starts the longest CTAs first and leaves the short ones to fill the tail.
+  const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const int h = blockIdx.y, hk = h / p.group;
   const Segment seg = p.segs.get(tc.segment);
@@ -88,28 +90,8 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
     cp_async_commit();
 
     float s[MF][NF][4];
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mf][f][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < DQK; kk += 16) {
-      uint32_t a[MF][4];
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf) load_a(a[mf], sQ, L.q_pitch, wm0 + mf * 16, kk, lane);
-#pragma unroll
-      for (int nn = 0; nn < BN / 16; ++nn) {
-        uint32_t b[4];
-        load_b_nk(b, sK, L.k_pitch, nn * 16, kk, lane);
-#pragma unroll
-        for (int mf = 0; mf < MF; ++mf) {
-          mma_16x8x16<T>(s[mf][2 * nn], a[mf], b[0], b[1]);
-          mma_16x8x16<T>(s[mf][2 * nn + 1], a[mf], b[2], b[3]);
-        }
-      }
-    }
+    zero(s);
+    warp_gemm<T, MF, NF, DQK, false, false>(s, sQ, L.q_pitch, wm0, sK, L.k_pitch, 0, lane);
 
     // Scores to the log2 domain.
     if (p.softcap > 0.f) {
@@ -207,7 +189,10 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
     }
   }
 
-  // Epilogue: normalize, write O and the natural-log LSE.
+  // Epilogue: normalize; stage this warp's O rows in its own rows of the Q buffer (only this warp
+  // ever read them), then write whole rows with 16-byte stores; LSE in natural log.
+  T* sO = sQ;
+  static_assert(DV <= DQK, "O is staged in the Q buffer");
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
@@ -215,16 +200,26 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
       const float l = quad_sum(row_sum[mf][half]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int r = wm0 + mf * 16 + lane / 4 + 8 * half;
-      if (r < rows) {
-        T* orow = o + r * o_stride + 2 * (lane % 4);
+      T* srow = sO + r * L.q_pitch + 2 * (lane % 4);
 #pragma unroll
-        for (int f = 0; f < OF; ++f) {
-          *reinterpret_cast<uint32_t*>(orow + f * 8) =
-              Mma::pack(acc_o[mf][f][2 * half] * inv, acc_o[mf][f][2 * half + 1] * inv);
-        }
-        if (lane % 4 == 0) lse[r] = l > 0.f ? row_max[mf][half] * kLn2 + logf(l) : -INFINITY;
+      for (int f = 0; f < OF; ++f) {
+        *reinterpret_cast<uint32_t*>(srow + f * 8) =
+            Mma::pack(acc_o[mf][f][2 * half] * inv, acc_o[mf][f][2 * half + 1] * inv);
+      }
+      if (lane % 4 == 0 && r < rows) {
+        lse[r] = l > 0.f ? row_max[mf][half] * kLn2 + logf(l) : -INFINITY;
       }
     }
+  __syncwarp();
+  constexpr int kChunks = DV / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int c = lane; c < WM * kChunks; c += 32) {
+    const int r = wm0 + c / kChunks, col = (c % kChunks) * 8;
+    if (r < rows) {
+      *reinterpret_cast<uint4*>(o + r * o_stride + col) =
+          *reinterpret_cast<const uint4*>(sO + r * L.q_pitch + col);
+    }
+  }
 }
 
 }  // namespace portable

@@ -147,3 +147,55 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 }  // namespace portable
 }  // namespace raggedattn
+
+namespace raggedattn {
+namespace portable {
+
+// acc[MF][NF] (a warp tile of (16 MF) x (8 NF), fp32) += A(rows m0.., k) * B(k, cols n0..) for
+// k in [0, K). A is read row-major [m][k] (A_TRANS: stored [k][m]); B is stored [n][k] (B_KN:
+// [k][n]). Each k step loads MF A fragments and NF/2 paired B fragments, then issues MF x NF
+// tensor-core instructions: the larger the warp tile, the fewer shared-memory bytes per FLOP.
+template <class T, int MF, int NF, int K, bool A_TRANS, bool B_KN>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MF][NF][4], const void* sA, int a_pitch,
+                                          int m0, const void* sB, int b_pitch, int n0, int lane) {
+  static_assert(NF % 2 == 0 && K % 16 == 0, "warp tile");
+#pragma unroll
+  for (int k = 0; k < K; k += 16) {
+    uint32_t a[MF][4];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf) {
+      if constexpr (A_TRANS) {
+        load_a_trans(a[mf], sA, a_pitch, m0 + mf * 16, k, lane);
+      } else {
+        load_a(a[mf], sA, a_pitch, m0 + mf * 16, k, lane);
+      }
+    }
+#pragma unroll
+    for (int nn = 0; nn < NF / 2; ++nn) {
+      uint32_t b[4];
+      if constexpr (B_KN) {
+        load_b_kn(b, sB, b_pitch, n0 + nn * 16, k, lane);
+      } else {
+        load_b_nk(b, sB, b_pitch, n0 + nn * 16, k, lane);
+      }
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        mma_16x8x16<T>(acc[mf][2 * nn], a[mf], b[0], b[1]);
+        mma_16x8x16<T>(acc[mf][2 * nn + 1], a[mf], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <int MF, int NF>
+__device__ __forceinline__ void zero(float (&acc)[MF][NF][4]) {
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mf][f][e] = 0.f;
+}
+
+}  // namespace portable
+}  // namespace raggedattn
