@@ -5,7 +5,8 @@
 // rows holding a sentinel; forward, then backward fed by that forward's O and LSE; copy back; and
 // compare every segment of O, LSE, dQ, dK, dV:
 //  - a CUDA path against the exact CPU reference (fp32 data of the same values), bounded by the
-//    error of the reference's low-precision emulation (DESIGN.md "Verification");
+//    error of the reference's low-precision emulation (DESIGN.md "Verification"), in the data's
+//    dtype (for dQ under a bf16 dQ accumulator: in bf16);
 //  - the cpu path (the reference itself) against the dense float64 brute force, bounded by the
 //    reference's fp32 arithmetic plus the rounding of its outputs to the storage dtype.
 #pragma once
