@@ -34,9 +34,9 @@ commands:
           With the cpu backend the reference itself is checked against a float64 brute force.
   run     run one problem, check it and time it
             --segments 100,80,76 [--kv-segments ...] [--heads 32/8] [--dim 128] [--dim-v 128]
-            [--causal | --causal-bottom-right] [--window L,R] [--softcap C] [--dtype ..]
-            [--dq-accum ..] [--deterministic] [--padded] [--backend ..] [--seed S]
-            [--repeat N] [--no-check]
+            [--causal | --causal-bottom-right] [--window L,R [--align top-left|bottom-right]]
+            [--softcap C] [--dtype ..] [--dq-accum ..] [--deterministic] [--padded]
+            [--backend ..] [--seed S] [--repeat N] [--no-check]
   bench   time one problem (same problem options), no checking
             [--repeat N] [--json FILE]
             FLOPs count visible (query, key) pairs only: 2*(Dqk+Dv)*Hq per pair forward,
@@ -136,6 +136,16 @@ Options parse(Command cmd, Args& args) {
     } else if (problem_cmd && opt == "--causal-bottom-right") {
       flag();
       o.causal_br = true;
+    } else if (problem_cmd && opt == "--align") {
+      // The diagonal a window is measured from, for windows without --causal-bottom-right.
+      const std::string v = args.value(opt);
+      if (v == "top-left") {
+        o.spec.alignment = RATTN_ALIGN_TOP_LEFT;
+      } else if (v == "bottom-right") {
+        o.spec.alignment = RATTN_ALIGN_BOTTOM_RIGHT;
+      } else {
+        throw UsageError(opt + ": got '" + v + "'; expected top-left or bottom-right");
+      }
     } else if (problem_cmd && opt == "--window") {
       parse_window(opt, args.value(opt), &o.spec.window_left, &o.spec.window_right);
     } else if (problem_cmd && opt == "--softcap") {
@@ -161,7 +171,6 @@ Options parse(Command cmd, Args& args) {
   }
   if (o.causal || o.causal_br) o.spec.mask = RATTN_MASK_CAUSAL;
   if (o.causal_br) o.spec.alignment = RATTN_ALIGN_BOTTOM_RIGHT;
-  // A window without causal is still measured from a diagonal; bottom-right only via the flag.
   if (!o.have_dim_v) o.spec.dv = o.spec.dqk;
 
   const bool cpu = runs_on_cpu(o.spec.backend);
@@ -224,8 +233,9 @@ int cmd_check(const Options& o) {
   std::vector<CaseSpec> suite = verify::named_suite(o.spec.hq, o.spec.hkv);
   if (o.list) {
     for (const CaseSpec& c : suite) {
-      std::printf("%-24s %s, %s\n", c.name.c_str(), verify::segments_str(c).c_str(),
-                  verify::mask_str(c).c_str());
+      std::printf("%-24s %s Hq=%d Hkv=%d D=%d/%d, %s%s\n", c.name.c_str(),
+                  verify::segments_str(c).c_str(), c.hq, c.hkv, c.dqk, c.dv,
+                  verify::mask_str(c).c_str(), c.padded ? ", padded THD" : "");
     }
     return 0;
   }

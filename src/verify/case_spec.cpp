@@ -221,11 +221,15 @@ const char* dq_accum_str(rattn_dq_accum a) {
 
 std::string mask_str(const CaseSpec& s) {
   std::ostringstream os;
-  os << (s.mask == RATTN_MASK_CAUSAL ? "causal" : "no mask");
-  const bool band = s.mask == RATTN_MASK_CAUSAL || s.window_left >= 0 || s.window_right >= 0;
-  if (band) os << (s.alignment == RATTN_ALIGN_BOTTOM_RIGHT ? " bottom-right" : " top-left");
-  if (s.window_left >= 0 || s.window_right >= 0) {
-    os << ", window (" << s.window_left << ", " << s.window_right << ")";
+  const bool window = s.window_left >= 0 || s.window_right >= 0;
+  const char* diagonal = s.alignment == RATTN_ALIGN_BOTTOM_RIGHT ? "bottom-right" : "top-left";
+  if (s.mask == RATTN_MASK_CAUSAL) {
+    os << "causal " << diagonal;
+    if (window) os << ", window (" << s.window_left << ", " << s.window_right << ")";
+  } else if (window) {
+    os << "window (" << s.window_left << ", " << s.window_right << ") " << diagonal;
+  } else {
+    os << "no mask";
   }
   if (s.softcap > 0.f) os << ", softcap " << s.softcap;
   return os.str();
