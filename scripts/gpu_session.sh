@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
 #
-# STEPs: info check tests sanitize bench anchors (default: info check tests sanitize bench).
+# STEPs: info check tests sanitize profile bench anchors (default: info check tests sanitize bench).
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
 # `anchors` needs ANCHORS_DIR (the anchor scripts). Each step's log goes to OUT_DIR/<step>.txt.
 set -u
@@ -48,6 +48,15 @@ for s in $steps; do
         "$cli" check --backend cuda --config short_odd --heads 2/1
       step memcheck_deterministic 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$cli" check --backend cuda --config gqa_causal_100_80_76 --heads 4/2 --deterministic ;;
+    profile)
+      # Nsight Compute on one forward and one backward launch of one_doc_16k (clocks untouched).
+      for k in fwd_kernel bwd_kernel; do
+        step "ncu_$k" 240 ncu --clock-control none --kernel-name "regex:$k" --launch-skip 1 \
+          --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+          --section LaunchStats "$cli" bench --segments 16384 --heads 32/8 --dim 128 --causal \
+          --repeat 1
+      done ;;
     bench)
       step bench 300 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors --out "$out" ;;
     anchors)

@@ -54,7 +54,8 @@ typedef enum rattn_alignment {
 
 typedef enum rattn_dq_accum {
   RATTN_DQ_ACCUM_FP32 = 0, /* fp32 scratch, one slot per segment */
-  RATTN_DQ_ACCUM_BF16 = 1  /* 16-bit scratch: half the traffic, lower precision */
+  RATTN_DQ_ACCUM_BF16 = 1  /* 16-bit scratch in the input's 16-bit format (bf16 or fp16): half
+                              the traffic, lower precision */
 } rattn_dq_accum;
 
 typedef enum rattn_backend {

@@ -17,7 +17,9 @@
 
 namespace raggedattn {
 
-enum class AccumType : int32_t { F32 = 0, BF16 = 1 };
+// 16-bit modes accumulate in the input's own 16-bit format: bf16 data in bf16, fp16 data in
+// fp16 (bf16's 8-bit mantissa would be coarser than a plain fp16 implementation of the math).
+enum class AccumType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
 enum class DqSlotScheme : int32_t { Compact = 0, PaddedBatch = 1, PackedTokens = 2 };
 
 struct DqAccumLayout {

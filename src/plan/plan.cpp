@@ -79,7 +79,9 @@ Status plan_portable(PlanData* d) {
 
   // Backward scratch. The dQ layout made here is the one the main and the post kernel address.
   BwdWorkspace& ws = d->bwd_ws;
-  const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_BF16 ? AccumType::BF16 : AccumType::F32;
+  const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_FP32 ? AccumType::F32
+                       : p.dtype == RATTN_DTYPE_FP16     ? AccumType::F16
+                                                         : AccumType::BF16;
   ws.dq_accum = make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch,
                                      p.num_heads_q, dqk, p.total_q, p.max_seqlen_q,
                                      portable::kDqAccumAlign);
@@ -186,7 +188,7 @@ std::string Plan::describe() const {
     s += str_cat(" fwd[", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
                  d.fwd.smem_bytes / 1024, "KiB] bwd[", d.bwd.block_m, "x", d.bwd.block_n, " ",
                  d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages,
-                 "] dq_accum=", p.dq_accum == RATTN_DQ_ACCUM_BF16 ? "bf16" : "fp32",
+                 "] dq_accum=", p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32" : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),
                  p.deterministic ? " deterministic" : "");
   }
   return s;

@@ -143,14 +143,17 @@ TEST_P(DqAccumLayoutProperties, OffsetsPast2To31ElementsDoNotWrap) {
 std::string scheme_name(const ::testing::TestParamInfo<std::tuple<DqSlotScheme, AccumType>>& info) {
   static const char* const kNames[] = {"Compact", "PaddedBatch", "PackedTokens"};
   return std::string(kNames[int(std::get<0>(info.param))]) +
-         (std::get<1>(info.param) == AccumType::F32 ? "_fp32" : "_bf16");
+         (std::get<1>(info.param) == AccumType::F32    ? "_fp32"
+          : std::get<1>(info.param) == AccumType::BF16 ? "_bf16"
+                                                       : "_fp16");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchemes, DqAccumLayoutProperties,
                          ::testing::Combine(::testing::Values(DqSlotScheme::Compact,
                                                               DqSlotScheme::PaddedBatch,
                                                               DqSlotScheme::PackedTokens),
-                                            ::testing::Values(AccumType::F32, AccumType::BF16)),
+                                            ::testing::Values(AccumType::F32, AccumType::BF16,
+                                                                              AccumType::F16)),
                          scheme_name);
 
 TEST(DqAccumLayout, CompactRowsStayWithinTotalPlus16PerSegment) {

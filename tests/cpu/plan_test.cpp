@@ -177,6 +177,12 @@ TEST(PlanWorkspace, DqAccumModeChangesTheLayoutInTheObjectTheSizeCameFrom) {
   EXPECT_EQ(b16.workspace_bytes(Direction::Backward), b.total);
   EXPECT_LT(b.total, a.total);
   EXPECT_THAT(b16.describe(), HasSubstr("dq_accum=bf16"));
+  // fp16 data accumulates in fp16: bf16's shorter mantissa would lose to a plain fp16 computation.
+  p.dtype = RATTN_DTYPE_FP16;
+  Plan h16;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &h16).ok());
+  EXPECT_EQ(h16.data().bwd_ws.dq_accum.type, AccumType::F16);
+  EXPECT_EQ(h16.data().bwd_ws.dq_accum.bytes(), b.dq_accum.bytes());
 }
 
 TEST(PlanWorkspace, CompactScratchIsNotBatchTimesMaxSeqlen) {

@@ -18,7 +18,7 @@ inline void PrintTo(DqSlotScheme s, std::ostream* os) {
                                            : "PackedTokens");
 }
 inline void PrintTo(AccumType t, std::ostream* os) {
-  *os << (t == AccumType::F32 ? "fp32" : "bf16");
+  *os << (t == AccumType::F32 ? "fp32" : t == AccumType::BF16 ? "bf16" : "fp16");
 }
 
 namespace testing_util {

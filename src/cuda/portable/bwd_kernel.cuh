@@ -18,6 +18,34 @@
 namespace raggedattn {
 namespace portable {
 
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
+template <class Pair>
+__device__ __forceinline__ Pair from_float2(float x, float y);
+template <>
+__device__ __forceinline__ __nv_bfloat162 from_float2(float x, float y) {
+  return __floats2bfloat162_rn(x, y);
+}
+template <>
+__device__ __forceinline__ __half2 from_float2(float x, float y) { return __floats2half2_rn(x, y); }
+
+template <class Pair, int NF, class Elem>
+__device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF][4], int half,
+                                                bool ordered) {
+  Pair* dst = reinterpret_cast<Pair*>(base);
+#pragma unroll
+  for (int f = 0; f < NF; ++f) {
+    Pair* d = dst + f * 4;
+    if (ordered) {
+      const unsigned int raw = __ldcg(reinterpret_cast<const unsigned int*>(d));
+      const float2 cur = to_float2(*reinterpret_cast<const Pair*>(&raw));
+      *d = from_float2<Pair>(cur.x + dq[f][2 * half], cur.y + dq[f][2 * half + 1]);
+    } else {
+      atomicAdd(d, from_float2<Pair>(dq[f][2 * half], dq[f][2 * half + 1]));
+    }
+  }
+}
+
 // Adds one fragment row-pair of a dQ tile into the scratch. Deterministic mode has the CTA hold
 // the tile's lock, so plain read-modify-write is race free; __ldcg skips a possibly stale L1.
 template <int NF>
@@ -43,21 +71,10 @@ __device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float
 #endif
       }
     }
+  } else if (p.dq_accum.type == AccumType::BF16) {
+    add_16bit_pairs<__nv_bfloat162>(static_cast<__nv_bfloat16*>(p.dq_accum_ptr) + off, dq, half, ordered);
   } else {
-    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dq_accum_ptr) + off);
-#pragma unroll
-    for (int f = 0; f < NF; ++f) {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(dq[f][2 * half], dq[f][2 * half + 1]);
-      __nv_bfloat162* d = dst + f * 4;
-      if (ordered) {
-        const unsigned int raw = __ldcg(reinterpret_cast<const unsigned int*>(d));
-        const __nv_bfloat162 cur = *reinterpret_cast<const __nv_bfloat162*>(&raw);
-        const float2 a = __bfloat1622float2(cur), c = __bfloat1622float2(v);
-        *d = __floats2bfloat162_rn(a.x + c.x, a.y + c.y);
-      } else {
-        atomicAdd(d, v);
-      }
-    }
+    add_16bit_pairs<__half2>(static_cast<__half*>(p.dq_accum_ptr) + off, dq, half, ordered);
   }
 }
 
@@ -143,18 +160,19 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
 
   for (int it = 0; it < n_it; ++it) {
     const int buf = p.stages == 2 ? (it & 1) : 0;
-    if (p.stages == 2) {
-      if (it + 1 < n_it) load_stage(it + 1, (it + 1) & 1);
+    if (p.stages == 1 && it > 0) {
+      __syncthreads();  // the single buffer is free once every warp finished step it - 1
+      load_stage(it, 0);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      if (it > 0) {
-        load_stage(it, 0);
-        cp_async_commit();
-      }
-      cp_async_wait<0>();
     }
+    cp_async_wait<0>();
+    // Step `it`'s data is in for every thread, and every warp has finished step it - 1: its Q/dO
+    // buffer, P^T and dS^T are free to overwrite.
     __syncthreads();
+    if (p.stages == 2 && it + 1 < n_it) {
+      load_stage(it + 1, (it + 1) & 1);
+      cp_async_commit();
+    }
 
     const int h = hk * p.group + it / m_count;
     const int m_tile = m_first + it % m_count;
@@ -255,7 +273,6 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       __syncthreads();
       if (tid == 0) atomicAdd(lock, 1);
     }
-    __syncthreads();  // the next step rewrites P^T, dS^T and a Q/dO buffer
   }
 
   // Epilogue: dK (times the softmax scale) and dV of this warp's keys.

@@ -65,6 +65,15 @@ __global__ void __launch_bounds__(kPostThreads) dot_do_o_kernel(const __grid_con
   }
 }
 
+// acc[0..8) += eight 16-bit values at src (one 16-byte load).
+template <class E>
+__device__ __forceinline__ void add_8(float (&acc)[8], const E* src) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const E* v = reinterpret_cast<const E*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] += to_float(v[e]);
+}
+
 struct ConvertParams {
   const void* accum;
   DqAccumLayout layout;
@@ -95,11 +104,10 @@ __global__ void __launch_bounds__(kPostThreads) dq_convert_kernel(const __grid_c
         const float4 x = src[0], y = src[1];
         acc[0] += x.x; acc[1] += x.y; acc[2] += x.z; acc[3] += x.w;
         acc[4] += y.x; acc[5] += y.y; acc[6] += y.z; acc[7] += y.w;
+      } else if (p.layout.type == AccumType::BF16) {
+        add_8(acc, static_cast<const __nv_bfloat16*>(p.accum) + off);
       } else {
-        const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.accum) + off);
-        const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] += __bfloat162float(v[e]);
+        add_8(acc, static_cast<const __half*>(p.accum) + off);
       }
     }
     uint4 out;
