@@ -14,7 +14,7 @@
 #include "raggedattn/raggedattn.h"
 
 namespace nb = nanobind;
-using raggedattn_py::LibraryError;
+using raggedattn_py::Status;
 
 #ifdef RATTN_WITH_XLA_FFI
 namespace raggedattn_py {
@@ -34,11 +34,22 @@ T* ptr(uintptr_t address) {
   return reinterpret_cast<T*>(address);
 }
 
+// A failed library call as the Python exception the caller sees: ValueError for a problem the
+// library rejects, RuntimeError for a failure while running. Sets the error and returns the null
+// object that makes nanobind raise it; no C++ exception is thrown (see plan_cache.hpp).
+nb::object raise(const Status& s) {
+  PyErr_SetString(s.bad_input() ? PyExc_ValueError : PyExc_RuntimeError, s.message.c_str());
+  return nb::object();
+}
+
 const char* path_name(rattn_path path) {
   switch (path) {
-    case RATTN_PATH_CPU: return "cpu";
-    case RATTN_PATH_CUDA_PORTABLE: return "cuda_portable";
-    case RATTN_PATH_CUDA_SM90: return "cuda_sm90";
+    case RATTN_PATH_CPU:
+      return "cpu";
+    case RATTN_PATH_CUDA_PORTABLE:
+      return "cuda_portable";
+    case RATTN_PATH_CUDA_SM90:
+      return "cuda_sm90";
   }
   return "unknown";
 }
@@ -50,23 +61,15 @@ template <rattn_strides rattn_problem::*member>
 void def_strides(nb::class_<rattn_problem>& cls, const char* name) {
   cls.def_prop_rw(
       name, [](const rattn_problem& p) { return Strides((p.*member).token, (p.*member).head); },
-      [](rattn_problem& p, Strides s) { p.*member = rattn_strides{std::get<0>(s), std::get<1>(s)}; });
+      [](rattn_problem& p, Strides s) {
+        p.*member = rattn_strides{std::get<0>(s), std::get<1>(s)};
+      });
 }
 
 }  // namespace
 
 NB_MODULE(_C, m) {
   m.doc() = "raggedattn's C API for the Python package (internal; use raggedattn.torch / .jax)";
-
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const LibraryError& e) {
-      // A problem the library rejects is bad input; anything else failed while running.
-      bool input = e.status() == RATTN_ERROR_INVALID_VALUE || e.status() == RATTN_ERROR_NOT_SUPPORTED;
-      PyErr_SetString(input ? PyExc_ValueError : PyExc_RuntimeError, e.what());
-    }
-  });
 
   m.attr("DTYPE_BF16") = int(RATTN_DTYPE_BF16);
   m.attr("DTYPE_FP16") = int(RATTN_DTYPE_FP16);
@@ -105,9 +108,9 @@ NB_MODULE(_C, m) {
       .def_rw("window_right", &rattn_problem::window_right)
       .def_rw("deterministic", &rattn_problem::deterministic);
   // Enum fields as plain ints: the values are the module's constants above.
-#define RATTN_ENUM_FIELD(field, type)                                      \
-  problem.def_prop_rw(                                                     \
-      #field, [](const rattn_problem& p) { return int(p.field); },         \
+#define RATTN_ENUM_FIELD(field, type)                              \
+  problem.def_prop_rw(                                             \
+      #field, [](const rattn_problem& p) { return int(p.field); }, \
       [](rattn_problem& p, int v) { p.field = static_cast<type>(v); })
   RATTN_ENUM_FIELD(dtype, rattn_dtype);
   RATTN_ENUM_FIELD(mask, rattn_mask);
@@ -125,18 +128,19 @@ NB_MODULE(_C, m) {
   def_strides<&rattn_problem::dv>(problem, "dv_strides");
 
   nb::class_<PyPlan>(m, "Plan", "A cached rattn_plan")
-      .def("workspace_size",
-           [](const PyPlan& p, int direction) {
-             return p.plan->workspace_bytes(static_cast<rattn_direction>(direction));
-           },
-           nb::arg("direction"))
+      .def(
+          "workspace_size",
+          [](const PyPlan& p, int direction) {
+            return p.plan->workspace_bytes(static_cast<rattn_direction>(direction));
+          },
+          nb::arg("direction"))
       .def_prop_ro("path", [](const PyPlan& p) { return path_name(p.plan->path()); })
       .def("describe", [](const PyPlan& p) { return p.plan->describe(); })
       .def(
           "forward",
           [](const PyPlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
              uintptr_t cu_q, uintptr_t cu_kv, uintptr_t off_q, uintptr_t off_kv,
-             uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
+             uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) -> nb::object {
             rattn_fwd_tensors t{};
             t.q = ptr<const void>(q);
             t.k = ptr<const void>(k);
@@ -147,19 +151,23 @@ NB_MODULE(_C, m) {
             t.cu_seqlens_kv = ptr<const int32_t>(cu_kv);
             t.seq_offsets_q = ptr<const int32_t>(off_q);
             t.seq_offsets_kv = ptr<const int32_t>(off_kv);
-            p.plan->forward(t, ptr<void>(workspace), workspace_bytes, ptr<void>(stream));
+            Status s;
+            {
+              nb::gil_scoped_release release;  // the CPU backend may run for a while
+              s = p.plan->forward(t, ptr<void>(workspace), workspace_bytes, ptr<void>(stream));
+            }
+            return s.ok() ? nb::none() : raise(s);
           },
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
           nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_kv"), nb::arg("seq_offsets_q"),
           nb::arg("seq_offsets_kv"), nb::arg("workspace"), nb::arg("workspace_bytes"),
-          nb::arg("stream"), nb::call_guard<nb::gil_scoped_release>(),
-          "Runs the forward on addresses (0 for an absent optional tensor)")
+          nb::arg("stream"), "Runs the forward on addresses (0 for an absent optional tensor)")
       .def(
           "backward",
           [](const PyPlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t d_o,
              uintptr_t lse, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t cu_q,
              uintptr_t cu_kv, uintptr_t off_q, uintptr_t off_kv, uintptr_t workspace,
-             size_t workspace_bytes, uintptr_t stream) {
+             size_t workspace_bytes, uintptr_t stream) -> nb::object {
             rattn_bwd_tensors t{};
             t.q = ptr<const void>(q);
             t.k = ptr<const void>(k);
@@ -174,19 +182,25 @@ NB_MODULE(_C, m) {
             t.cu_seqlens_kv = ptr<const int32_t>(cu_kv);
             t.seq_offsets_q = ptr<const int32_t>(off_q);
             t.seq_offsets_kv = ptr<const int32_t>(off_kv);
-            p.plan->backward(t, ptr<void>(workspace), workspace_bytes, ptr<void>(stream));
+            Status s;
+            {
+              nb::gil_scoped_release release;  // the CPU backend may run for a while
+              s = p.plan->backward(t, ptr<void>(workspace), workspace_bytes, ptr<void>(stream));
+            }
+            return s.ok() ? nb::none() : raise(s);
           },
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("d_o"), nb::arg("lse"),
           nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"),
           nb::arg("cu_seqlens_kv"), nb::arg("seq_offsets_q"), nb::arg("seq_offsets_kv"),
           nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("stream"),
-          nb::call_guard<nb::gil_scoped_release>(),
           "Runs the backward on addresses (0 for an absent optional tensor)");
 
   m.def(
       "get_plan",
-      [](const rattn_problem& problem, int device) {
-        return PyPlan{raggedattn_py::get_plan(problem, device)};
+      [](const rattn_problem& problem, int device) -> nb::object {
+        std::shared_ptr<const raggedattn_py::Plan> plan;
+        Status s = raggedattn_py::get_plan(problem, device, &plan);
+        return s.ok() ? nb::cast(PyPlan{std::move(plan)}) : raise(s);
       },
       nb::arg("problem"), nb::arg("device"),
       "The cached plan of `problem` on CUDA device `device` (ignored by the CPU backend); "
@@ -196,9 +210,10 @@ NB_MODULE(_C, m) {
   m.def("version", [] { return std::string(rattn_version()); });
   m.def(
       "query_device",
-      [](int device) {
+      [](int device) -> nb::object {
         rattn_device_caps c{};
-        raggedattn_py::check(rattn_query_device(device, &c));
+        Status s = Status::of(rattn_query_device(device, &c));
+        if (!s.ok()) return raise(s);
         nb::dict d;
         d["cuda"] = c.cuda != 0;
         d["device"] = c.device;

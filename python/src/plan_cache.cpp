@@ -11,39 +11,42 @@
 
 namespace raggedattn_py {
 
-void check(rattn_status status) {
-  if (status == RATTN_SUCCESS) return;
-  std::string message = rattn_last_error();
-  if (message.empty()) message = std::string("raggedattn: ") + rattn_status_name(status);
-  throw LibraryError(status, message);
-}
-
-Plan::Plan(rattn_plan* plan) : plan_(plan) {
-  try {
-    check(rattn_plan_workspace_size(plan_, RATTN_FORWARD, &fwd_workspace_));
-    check(rattn_plan_workspace_size(plan_, RATTN_BACKWARD, &bwd_workspace_));
-  } catch (...) {
-    rattn_plan_destroy(plan_);
-    throw;
+Status Status::of(rattn_status code) {
+  Status s;
+  s.code = code;
+  if (code != RATTN_SUCCESS) {
+    s.message = rattn_last_error();
+    if (s.message.empty()) s.message = std::string("raggedattn: ") + rattn_status_name(code);
   }
+  return s;
 }
 
-Plan::~Plan() { rattn_plan_destroy(plan_); }
+Status Plan::adopt(rattn_plan* plan, std::shared_ptr<const Plan>* out) {
+  std::shared_ptr<Plan> p(new Plan(plan));  // owns the plan from here on
+  Status s = Status::of(rattn_plan_workspace_size(plan, RATTN_FORWARD, &p->fwd_workspace_));
+  if (s.ok()) s = Status::of(rattn_plan_workspace_size(plan, RATTN_BACKWARD, &p->bwd_workspace_));
+  if (s.ok()) *out = std::move(p);
+  return s;
+}
+
+Plan::~Plan() {
+  rattn_plan_destroy(plan_);
+}
 
 std::string Plan::describe() const {
   char buffer[512];
-  check(rattn_plan_describe(plan_, buffer, sizeof(buffer)));
-  return buffer;
+  Status s = Status::of(rattn_plan_describe(plan_, buffer, sizeof(buffer)));
+  return s.ok() ? std::string(buffer) : s.message;
 }
 
-void Plan::forward(const rattn_fwd_tensors& t, void* workspace, size_t workspace_bytes,
-                   void* stream) const {
-  check(rattn_forward(plan_, &t, workspace, workspace_bytes, stream));
+Status Plan::forward(const rattn_fwd_tensors& t, void* workspace, size_t workspace_bytes,
+                     void* stream) const {
+  return Status::of(rattn_forward(plan_, &t, workspace, workspace_bytes, stream));
 }
 
-void Plan::backward(const rattn_bwd_tensors& t, void* workspace, size_t workspace_bytes,
-                    void* stream) const {
-  check(rattn_backward(plan_, &t, workspace, workspace_bytes, stream));
+Status Plan::backward(const rattn_bwd_tensors& t, void* workspace, size_t workspace_bytes,
+                      void* stream) const {
+  return Status::of(rattn_backward(plan_, &t, workspace, workspace_bytes, stream));
 }
 
 namespace {
@@ -72,9 +75,22 @@ Key make_key(const rattn_problem& p, int device) {
              p.head_dim_qk,
              p.head_dim_v,
              int64_t(p.dtype),
-             p.q.token, p.q.head, p.k.token, p.k.head, p.v.token, p.v.head,
-             p.o.token, p.o.head, p.d_o.token, p.d_o.head,
-             p.dq.token, p.dq.head, p.dk.token, p.dk.head, p.dv.token, p.dv.head,
+             p.q.token,
+             p.q.head,
+             p.k.token,
+             p.k.head,
+             p.v.token,
+             p.v.head,
+             p.o.token,
+             p.o.head,
+             p.d_o.token,
+             p.d_o.head,
+             p.dq.token,
+             p.dq.head,
+             p.dk.token,
+             p.dk.head,
+             p.dv.token,
+             p.dv.head,
              float_bits(p.softmax_scale),
              float_bits(p.softcap),
              int64_t(p.mask),
@@ -104,22 +120,26 @@ constexpr size_t kCapacity = 4096;
 
 class PlanCache {
  public:
-  std::shared_ptr<const Plan> get(const rattn_problem& problem, int device) {
+  Status get(const rattn_problem& problem, int device, std::shared_ptr<const Plan>* out) {
     const Key key = make_key(problem, device);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = index_.find(key);
     if (it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->second;
+      *out = it->second->second;
+      return Status();
     }
-    auto plan = create(problem, device);
+    std::shared_ptr<const Plan> plan;
+    Status s = create(problem, device, &plan);
+    if (!s.ok()) return s;
     lru_.emplace_front(key, plan);
     index_[key] = lru_.begin();
     if (lru_.size() > kCapacity) {
       index_.erase(lru_.back().first);
       lru_.pop_back();
     }
-    return plan;
+    *out = std::move(plan);
+    return s;
   }
 
   size_t size() {
@@ -134,32 +154,30 @@ class PlanCache {
   }
 
  private:
-  std::shared_ptr<const Plan> create(const rattn_problem& problem, int device) {
-    rattn_plan* plan = nullptr;
-    if (problem.backend == RATTN_BACKEND_CPU) {
-      rattn_device_caps none{};  // no CUDA device: the CPU backend needs none
-      none.device = -1;
-      check(rattn_plan_create(&problem, &none, &plan));
-    } else {
-      check(rattn_plan_create(&problem, &caps(device), &plan));
+  Status create(const rattn_problem& problem, int device, std::shared_ptr<const Plan>* out) {
+    rattn_device_caps caps{};  // the CPU backend needs no device: cuda = 0
+    caps.device = -1;
+    if (problem.backend != RATTN_BACKEND_CPU) {
+      Status s = device_caps(device, &caps);
+      if (!s.ok()) return s;
     }
-    return std::make_shared<const Plan>(plan);
+    rattn_plan* plan = nullptr;
+    Status s = Status::of(rattn_plan_create(&problem, &caps, &plan));
+    if (!s.ok()) return s;
+    return Plan::adopt(plan, out);
   }
 
   // Device capabilities, queried once per device (the query is slow: it reads every property).
-  const rattn_device_caps& caps(int device) {
-    if (device < 0) {  // the current device: asked each time, as it may change
-      rattn_device_caps current{};
-      check(rattn_query_device(-1, &current));
-      return caps_[current.cuda ? current.device : -1] = current;
-    }
+  Status device_caps(int device, rattn_device_caps* caps) {
+    if (device < 0) return Status::of(rattn_query_device(-1, caps));  // current: may change
     auto it = caps_.find(device);
     if (it == caps_.end()) {
-      rattn_device_caps c{};
-      check(rattn_query_device(device, &c));
-      it = caps_.emplace(device, c).first;
+      Status s = Status::of(rattn_query_device(device, caps));
+      if (!s.ok()) return s;
+      it = caps_.emplace(device, *caps).first;
     }
-    return it->second;
+    *caps = it->second;
+    return Status();
   }
 
   std::mutex mutex_;
@@ -175,11 +193,15 @@ PlanCache& cache() {
 
 }  // namespace
 
-std::shared_ptr<const Plan> get_plan(const rattn_problem& problem, int device) {
-  return cache().get(problem, device);
+Status get_plan(const rattn_problem& problem, int device, std::shared_ptr<const Plan>* out) {
+  return cache().get(problem, device, out);
 }
 
-size_t plan_cache_size() { return cache().size(); }
-void clear_plan_cache() { cache().clear(); }
+size_t plan_cache_size() {
+  return cache().size();
+}
+void clear_plan_cache() {
+  cache().clear();
+}
 
 }  // namespace raggedattn_py

@@ -8,7 +8,7 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
-#include <exception>
+#include <memory>
 #include <string>
 
 #include "plan_cache.hpp"
@@ -37,18 +37,13 @@ struct AttnAttrs {
 
 }  // namespace raggedattn_py
 
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(raggedattn_py::AttnAttrs,
-                                      StructMember<int64_t>("max_seqlen_q"),
-                                      StructMember<int64_t>("max_seqlen_kv"),
-                                      StructMember<bool>("has_seq_offsets"),
-                                      StructMember<bool>("causal"),
-                                      StructMember<bool>("bottom_right"),
-                                      StructMember<int64_t>("window_left"),
-                                      StructMember<int64_t>("window_right"),
-                                      StructMember<float>("softmax_scale"),
-                                      StructMember<float>("softcap"),
-                                      StructMember<bool>("dq_accum_bf16"),
-                                      StructMember<bool>("deterministic"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    raggedattn_py::AttnAttrs, StructMember<int64_t>("max_seqlen_q"),
+    StructMember<int64_t>("max_seqlen_kv"), StructMember<bool>("has_seq_offsets"),
+    StructMember<bool>("causal"), StructMember<bool>("bottom_right"),
+    StructMember<int64_t>("window_left"), StructMember<int64_t>("window_right"),
+    StructMember<float>("softmax_scale"), StructMember<float>("softcap"),
+    StructMember<bool>("dq_accum_bf16"), StructMember<bool>("deterministic"));
 
 namespace raggedattn_py {
 namespace {
@@ -62,29 +57,39 @@ ffi::Error expect_rank(const char* name, const ffi::AnyBuffer& b, size_t rank) {
                                      std::to_string(rank));
 }
 
-ffi::Error to_ffi_error(const LibraryError& e) {
-  switch (e.status()) {
-    case RATTN_ERROR_INVALID_VALUE: return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
-    case RATTN_ERROR_NOT_SUPPORTED: return ffi::Error(ffi::ErrorCode::kUnimplemented, e.what());
-    default: return ffi::Error(ffi::ErrorCode::kInternal, e.what());
+ffi::Error to_ffi_error(const Status& s) {
+  switch (s.code) {
+    case RATTN_SUCCESS:
+      return ffi::Error::Success();
+    case RATTN_ERROR_INVALID_VALUE:
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, s.message);
+    case RATTN_ERROR_NOT_SUPPORTED:
+      return ffi::Error(ffi::ErrorCode::kUnimplemented, s.message);
+    default:
+      return ffi::Error(ffi::ErrorCode::kInternal, s.message);
   }
 }
 
 // The problem of one call, from the buffers' shapes and the attributes (contiguous tensors).
 ffi::Error make_problem(rattn_backend backend, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                        const ffi::AnyBuffer& v, const ffi::AnyBuffer& cu_q,
-                        const AttnAttrs& a, rattn_problem* p) {
-  for (auto [name, buffer] : {std::pair<const char*, const ffi::AnyBuffer*>{"q", &q},
-                              {"k", &k},
-                              {"v", &v}}) {
+                        const ffi::AnyBuffer& v, const ffi::AnyBuffer& cu_q, const AttnAttrs& a,
+                        rattn_problem* p) {
+  for (auto [name, buffer] :
+       {std::pair<const char*, const ffi::AnyBuffer*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     if (ffi::Error e = expect_rank(name, *buffer, 3); e.failure()) return e;
   }
   if (ffi::Error e = expect_rank("cu_seqlens_q", cu_q, 1); e.failure()) return e;
   rattn_problem_init(p);
   switch (q.element_type()) {
-    case ffi::DataType::BF16: p->dtype = RATTN_DTYPE_BF16; break;
-    case ffi::DataType::F16: p->dtype = RATTN_DTYPE_FP16; break;
-    case ffi::DataType::F32: p->dtype = RATTN_DTYPE_FP32; break;
+    case ffi::DataType::BF16:
+      p->dtype = RATTN_DTYPE_BF16;
+      break;
+    case ffi::DataType::F16:
+      p->dtype = RATTN_DTYPE_FP16;
+      break;
+    case ffi::DataType::F32:
+      p->dtype = RATTN_DTYPE_FP32;
+      break;
     default:
       return ffi::Error::InvalidArgument(
           "raggedattn (XLA FFI): q has an unsupported element type; supported: bfloat16, "
@@ -124,27 +129,21 @@ ffi::Error forward(rattn_backend backend, int device, void* stream, ffi::AnyBuff
                    AttnAttrs attrs) {
   rattn_problem problem;
   if (ffi::Error e = make_problem(backend, q, k, v, cu_q, attrs, &problem); e.failure()) return e;
-  try {
-    auto plan = get_plan(problem, device);
-    rattn_fwd_tensors t{};
-    t.q = q.untyped_data();
-    t.k = k.untyped_data();
-    t.v = v.untyped_data();
-    t.o = o->untyped_data();
-    t.lse = data<float>(*lse);
-    t.cu_seqlens_q = data<const int32_t>(cu_q);
-    t.cu_seqlens_kv = data<const int32_t>(cu_kv);
-    if (attrs.has_seq_offsets) {
-      t.seq_offsets_q = data<const int32_t>(off_q);
-      t.seq_offsets_kv = data<const int32_t>(off_kv);
-    }
-    plan->forward(t, workspace->untyped_data(), workspace->size_bytes(), stream);
-  } catch (const LibraryError& e) {
-    return to_ffi_error(e);
-  } catch (const std::exception& e) {
-    return ffi::Error::Internal(std::string("raggedattn (XLA FFI): ") + e.what());
+  std::shared_ptr<const Plan> plan;
+  if (Status s = get_plan(problem, device, &plan); !s.ok()) return to_ffi_error(s);
+  rattn_fwd_tensors t{};
+  t.q = q.untyped_data();
+  t.k = k.untyped_data();
+  t.v = v.untyped_data();
+  t.o = o->untyped_data();
+  t.lse = data<float>(*lse);
+  t.cu_seqlens_q = data<const int32_t>(cu_q);
+  t.cu_seqlens_kv = data<const int32_t>(cu_kv);
+  if (attrs.has_seq_offsets) {
+    t.seq_offsets_q = data<const int32_t>(off_q);
+    t.seq_offsets_kv = data<const int32_t>(off_kv);
   }
-  return ffi::Error::Success();
+  return to_ffi_error(plan->forward(t, workspace->untyped_data(), workspace->size_bytes(), stream));
 }
 
 ffi::Error backward(rattn_backend backend, int device, void* stream, ffi::AnyBuffer q,
@@ -155,31 +154,26 @@ ffi::Error backward(rattn_backend backend, int device, void* stream, ffi::AnyBuf
                     ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
   rattn_problem problem;
   if (ffi::Error e = make_problem(backend, q, k, v, cu_q, attrs, &problem); e.failure()) return e;
-  try {
-    auto plan = get_plan(problem, device);
-    rattn_bwd_tensors t{};
-    t.q = q.untyped_data();
-    t.k = k.untyped_data();
-    t.v = v.untyped_data();
-    t.o = o.untyped_data();
-    t.d_o = d_o.untyped_data();
-    t.lse = data<const float>(lse);
-    t.dq = dq->untyped_data();
-    t.dk = dk->untyped_data();
-    t.dv = dv->untyped_data();
-    t.cu_seqlens_q = data<const int32_t>(cu_q);
-    t.cu_seqlens_kv = data<const int32_t>(cu_kv);
-    if (attrs.has_seq_offsets) {
-      t.seq_offsets_q = data<const int32_t>(off_q);
-      t.seq_offsets_kv = data<const int32_t>(off_kv);
-    }
-    plan->backward(t, workspace->untyped_data(), workspace->size_bytes(), stream);
-  } catch (const LibraryError& e) {
-    return to_ffi_error(e);
-  } catch (const std::exception& e) {
-    return ffi::Error::Internal(std::string("raggedattn (XLA FFI): ") + e.what());
+  std::shared_ptr<const Plan> plan;
+  if (Status s = get_plan(problem, device, &plan); !s.ok()) return to_ffi_error(s);
+  rattn_bwd_tensors t{};
+  t.q = q.untyped_data();
+  t.k = k.untyped_data();
+  t.v = v.untyped_data();
+  t.o = o.untyped_data();
+  t.d_o = d_o.untyped_data();
+  t.lse = data<const float>(lse);
+  t.dq = dq->untyped_data();
+  t.dk = dk->untyped_data();
+  t.dv = dv->untyped_data();
+  t.cu_seqlens_q = data<const int32_t>(cu_q);
+  t.cu_seqlens_kv = data<const int32_t>(cu_kv);
+  if (attrs.has_seq_offsets) {
+    t.seq_offsets_q = data<const int32_t>(off_q);
+    t.seq_offsets_kv = data<const int32_t>(off_kv);
   }
-  return ffi::Error::Success();
+  return to_ffi_error(
+      plan->backward(t, workspace->untyped_data(), workspace->size_bytes(), stream));
 }
 
 // Argument lists; the zero-filled inputs the results alias come right after the real inputs.
@@ -227,45 +221,44 @@ auto bwd_args(B binding) {
 using Buf = ffi::AnyBuffer;
 using Out = ffi::Result<ffi::AnyBuffer>;
 
-XLA_FFI_DEFINE_HANDLER(kFwdCpu,
-                       [](Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv, Buf,
-                          Buf, Out o, Out lse, Out ws, AttnAttrs a) {
-                         return forward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, cu_q, cu_kv,
-                                        off_q, off_kv, o, lse, ws, a);
-                       },
-                       fwd_args(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER(
+    kFwdCpu,
+    [](Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv, Buf, Buf, Out o, Out lse,
+       Out ws, AttnAttrs a) {
+      return forward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, cu_q, cu_kv, off_q, off_kv, o, lse,
+                     ws, a);
+    },
+    fwd_args(ffi::Ffi::Bind()));
 
-XLA_FFI_DEFINE_HANDLER(kFwdCuda,
-                       [](void* stream, int32_t device, Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv,
-                          Buf off_q, Buf off_kv, Buf, Buf, Out o, Out lse, Out ws, AttnAttrs a) {
-                         return forward(RATTN_BACKEND_CUDA, device, stream, q, k, v, cu_q, cu_kv,
-                                        off_q, off_kv, o, lse, ws, a);
-                       },
-                       fwd_args(ffi::Ffi::Bind()
-                                    .Ctx<ffi::PlatformStream<void*>>()
-                                    .Ctx<ffi::DeviceOrdinal>()),
-                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(
+    kFwdCuda,
+    [](void* stream, int32_t device, Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q,
+       Buf off_kv, Buf, Buf, Out o, Out lse, Out ws, AttnAttrs a) {
+      return forward(RATTN_BACKEND_CUDA, device, stream, q, k, v, cu_q, cu_kv, off_q, off_kv, o,
+                     lse, ws, a);
+    },
+    fwd_args(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()),
+    {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER(kBwdCpu,
-                       [](Buf q, Buf k, Buf v, Buf o, Buf lse, Buf d_o, Buf cu_q, Buf cu_kv,
-                          Buf off_q, Buf off_kv, Buf, Buf, Buf, Out dq, Out dk, Out dv, Out ws,
-                          AttnAttrs a) {
-                         return backward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, o, lse, d_o,
-                                         cu_q, cu_kv, off_q, off_kv, dq, dk, dv, ws, a);
-                       },
-                       bwd_args(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER(
+    kBwdCpu,
+    [](Buf q, Buf k, Buf v, Buf o, Buf lse, Buf d_o, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv,
+       Buf, Buf, Buf, Out dq, Out dk, Out dv, Out ws, AttnAttrs a) {
+      return backward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, o, lse, d_o, cu_q, cu_kv, off_q,
+                      off_kv, dq, dk, dv, ws, a);
+    },
+    bwd_args(ffi::Ffi::Bind()));
 
-XLA_FFI_DEFINE_HANDLER(kBwdCuda,
-                       [](void* stream, int32_t device, Buf q, Buf k, Buf v, Buf o, Buf lse,
-                          Buf d_o, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv, Buf, Buf, Buf,
-                          Out dq, Out dk, Out dv, Out ws, AttnAttrs a) {
-                         return backward(RATTN_BACKEND_CUDA, device, stream, q, k, v, o, lse,
-                                         d_o, cu_q, cu_kv, off_q, off_kv, dq, dk, dv, ws, a);
-                       },
-                       bwd_args(ffi::Ffi::Bind()
-                                    .Ctx<ffi::PlatformStream<void*>>()
-                                    .Ctx<ffi::DeviceOrdinal>()),
-                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(
+    kBwdCuda,
+    [](void* stream, int32_t device, Buf q, Buf k, Buf v, Buf o, Buf lse, Buf d_o, Buf cu_q,
+       Buf cu_kv, Buf off_q, Buf off_kv, Buf, Buf, Buf, Out dq, Out dk, Out dv, Out ws,
+       AttnAttrs a) {
+      return backward(RATTN_BACKEND_CUDA, device, stream, q, k, v, o, lse, d_o, cu_q, cu_kv, off_q,
+                      off_kv, dq, dk, dv, ws, a);
+    },
+    bwd_args(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()),
+    {ffi::Traits::kCmdBufferCompatible});
 
 nb::capsule capsule(XLA_FFI_Handler* handler) {
   return nb::capsule(reinterpret_cast<void*>(handler));
