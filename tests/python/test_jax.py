@@ -15,6 +15,7 @@ jax = pytest.importorskip("jax", reason="JAX is not installed")
 import jax.numpy as jnp  # noqa: E402
 
 import raggedattn.jax as rj  # noqa: E402
+from jax_reference import reference, segment_args  # noqa: E402
 from cases import (  # noqa: E402
     CASES,
     CASES_BY_NAME,
@@ -28,7 +29,6 @@ from cases import (  # noqa: E402
 )
 
 CPU = jax.devices("cpu")[0]
-HIGHEST = jax.lax.Precision.HIGHEST
 
 # Relative error per segment: float32 runs the same math; bfloat16 rounds the outputs.
 TOL = {jnp.float32: 2e-6, jnp.bfloat16: 6e-3}
@@ -42,49 +42,16 @@ def _on_cpu():
         yield
 
 
-def reference(q, k, v, mask, scale, softcap=0.0):
-    """Block-diagonal attention in float32 jax.numpy: o [Tq, Hq, Dv] and lse [Hq, Tq].
-
-    Rows that see no key give o = 0 and lse = -inf, as the library defines them."""
-    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    k = jnp.repeat(k, group, axis=1)
-    v = jnp.repeat(v, group, axis=1)
-    s = jnp.einsum("qhd,khd->hqk", q, k, precision=HIGHEST) * scale
-    if softcap:
-        s = softcap * jnp.tanh(s / softcap)
-    mask = jnp.asarray(mask)[None]
-    s = jnp.where(mask, s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-    p = jnp.where(mask, jnp.exp(s - m), 0.0)
-    l = jnp.sum(p, axis=-1, keepdims=True)
-    o = jnp.einsum("hqk,khd->qhd", p / jnp.where(l == 0, 1.0, l), v, precision=HIGHEST)
-    lse = jnp.where(l[..., 0] == 0, -jnp.inf, m[..., 0] + jnp.log(l[..., 0]))
-    return o, lse
-
-
 def _arrays(case, packing, dtype, seed=0):
     q, k, v, d_o = random_inputs(case, packing, seed)
     # The reference reads the same (rounded) inputs the library gets.
     return tuple(jax.device_put(jnp.asarray(x, dtype), CPU) for x in (q, k, v, d_o))
 
 
-def _segment_args(packing):
-    args = dict(
-        cu_seqlens_q=jnp.asarray(packing.cu_q),
-        cu_seqlens_kv=jnp.asarray(packing.cu_kv),
-    )
-    if packing.off_q is not None:
-        args.update(seq_offsets_q=jnp.asarray(packing.off_q),
-                    seq_offsets_kv=jnp.asarray(packing.off_kv))
-    return args
-
-
 def _check_case(case, dtype, jit: bool):
     packing = make_packing(case)
     q, k, v, d_o = _arrays(case, packing, dtype)
-    seg = _segment_args(packing)
+    seg = segment_args(packing)
     mask = full_mask(case, packing)
     max_q, max_kv = max(case.lens_q), max(case.kv_lens)
 
@@ -275,7 +242,7 @@ def test_lse_is_not_differentiated():
     case = CASES_BY_NAME["mha"]
     packing = make_packing(case)
     q, k, v, _ = _arrays(case, packing, jnp.float32)
-    seg = _segment_args(packing)
+    seg = segment_args(packing)
     g = jax.grad(lambda q: jnp.sum(rj.attention(q, k, v, return_lse=True, **seg)[1]))(q)
     assert bool(jnp.all(g == 0))
 
@@ -284,7 +251,7 @@ def test_deterministic_and_dq_accum_options_run():
     case = CASES_BY_NAME["causal_gqa"]
     packing = make_packing(case)
     q, k, v, _ = _arrays(case, packing, jnp.bfloat16)
-    seg = _segment_args(packing)
+    seg = segment_args(packing)
     f = jax.jit(jax.grad(lambda q: jnp.sum(rj.attention(
         q, k, v, causal=True, dq_accum="bf16", deterministic=True, **seg).astype(jnp.float32))))
     a, b = f(q), f(q)
