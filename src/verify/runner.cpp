@@ -136,9 +136,9 @@ void fail(CaseReport* r, const char* stage, const Status& s) {
 
 // The exact reference (fp32 data, fp32 math, fp64 sums) and the plain low-precision emulation, both
 // on the host through the CPU backend. A plain implementation keeps each tensor at the precision
-// the path under test stores it in: the problem's dtype, except dQ under a bf16 dQ accumulator,
-// which passes through bf16 whatever the data's dtype. For fp16 data that dQ is held to a plain
-// bf16 implementation's error (DESIGN.md's wording), not to fp16's four times smaller one.
+// the path under test stores it in: the problem's dtype, except dQ where the plan accumulates it
+// in a 16-bit scratch of another format (bf16 scratch for fp16 data): that dQ is held to a plain
+// implementation in the scratch's format (DESIGN.md names "a plain bf16 implementation").
 struct ReferenceOutputs {
   HostOutputs exact, lowp, lowp_dq;  // lowp_dq: only where dQ's precision differs from the data's
 };
@@ -178,13 +178,26 @@ Status run_reference(const CaseSpec& spec, const PackLayout& l, const HostInputs
   return Status::Ok();
 }
 
-Status compute_reference(const CaseSpec& spec, const PackLayout& l, const HostInputs& in,
-                         int threads, ReferenceOutputs* out) {
+// The precision dQ passes through on the plan's path: read from the plan, not re-derived.
+rattn_dtype dq_precision(const Plan& plan) {
+  switch (plan.data().bwd_ws.dq_accum.type) {
+    case AccumType::BF16:
+      return RATTN_DTYPE_BF16;
+    case AccumType::F16:
+      return RATTN_DTYPE_FP16;
+    case AccumType::F32:
+      break;
+  }
+  return plan.problem().dtype;
+}
+
+Status compute_reference(const CaseSpec& spec, const Plan& plan, const PackLayout& l,
+                         const HostInputs& in, int threads, ReferenceOutputs* out) {
   RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, RATTN_DTYPE_FP32, false, threads, &out->exact));
   RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, spec.dtype, true, threads, &out->lowp));
-  if (spec.dq_accum == RATTN_DQ_ACCUM_BF16 && spec.dtype != RATTN_DTYPE_BF16) {
-    RATTN_RETURN_IF_ERROR(
-        run_reference(spec, l, in, RATTN_DTYPE_BF16, true, threads, &out->lowp_dq));
+  const rattn_dtype dq = dq_precision(plan);
+  if (dq != spec.dtype) {
+    RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, dq, true, threads, &out->lowp_dq));
   }
   return Status::Ok();
 }
@@ -339,7 +352,8 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
   } else {
     r.mode = CheckMode::Reference;
     ReferenceOutputs ref;
-    if (Status s = compute_reference(spec, layout, in, opt.reference_threads, &ref); !s.ok()) {
+    if (Status s = compute_reference(spec, plan, layout, in, opt.reference_threads, &ref);
+        !s.ok()) {
       fail(&r, "reference", s);
       return r;
     }

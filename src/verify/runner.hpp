@@ -6,7 +6,7 @@
 // compare every segment of O, LSE, dQ, dK, dV:
 //  - a CUDA path against the exact CPU reference (fp32 data of the same values), bounded by the
 //    error of the reference's low-precision emulation (DESIGN.md "Verification"), in the data's
-//    dtype (for dQ under a bf16 dQ accumulator: in bf16);
+//    dtype (dQ: in its 16-bit scratch's format where the plan's differs from the data's);
 //  - the cpu path (the reference itself) against the dense float64 brute force, bounded by the
 //    reference's fp32 arithmetic plus the rounding of its outputs to the storage dtype.
 #pragma once
