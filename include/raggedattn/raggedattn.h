@@ -30,10 +30,10 @@ extern "C" {
 
 typedef enum rattn_status {
   RATTN_SUCCESS = 0,
-  RATTN_ERROR_INVALID_VALUE = 1,   /* a value is out of range or inconsistent */
-  RATTN_ERROR_NOT_SUPPORTED = 2,   /* valid, but no path of this build supports it */
-  RATTN_ERROR_WORKSPACE = 3,       /* workspace missing or smaller than the plan needs */
-  RATTN_ERROR_CUDA = 4,            /* a CUDA runtime call failed */
+  RATTN_ERROR_INVALID_VALUE = 1, /* a value is out of range or inconsistent */
+  RATTN_ERROR_NOT_SUPPORTED = 2, /* valid, but no path of this build supports it */
+  RATTN_ERROR_WORKSPACE = 3,     /* workspace missing or smaller than the plan needs */
+  RATTN_ERROR_CUDA = 4,          /* a CUDA runtime call failed */
   RATTN_ERROR_INTERNAL = 5
 } rattn_status;
 
@@ -59,9 +59,9 @@ typedef enum rattn_dq_accum {
 } rattn_dq_accum;
 
 typedef enum rattn_backend {
-  RATTN_BACKEND_AUTO = 0,          /* the fastest path present: CUDA if a device is there, else CPU */
-  RATTN_BACKEND_CPU = 1,           /* reference backend; tensors in host memory */
-  RATTN_BACKEND_CUDA = 2,          /* the fastest CUDA path that supports the problem */
+  RATTN_BACKEND_AUTO = 0, /* the fastest path present: CUDA if a device is there, else CPU */
+  RATTN_BACKEND_CPU = 1,  /* reference backend; tensors in host memory */
+  RATTN_BACKEND_CUDA = 2, /* the fastest CUDA path that supports the problem */
   RATTN_BACKEND_CUDA_PORTABLE = 3, /* force the sm80+ path */
   RATTN_BACKEND_CUDA_SM90 = 4      /* force the Hopper path (error where it does not apply) */
 } rattn_backend;
@@ -75,11 +75,11 @@ typedef struct rattn_strides {
 
 typedef struct rattn_problem {
   /* segments */
-  int32_t batch;          /* number of segments B (>= 1); cu_seqlens have B + 1 entries */
-  int64_t total_q;        /* rows of Q, O, dQ, dO (and columns of LSE) */
-  int64_t total_kv;       /* rows of K, V, dK, dV */
-  int32_t max_seqlen_q;   /* upper bound of every segment's query length */
-  int32_t max_seqlen_kv;  /* upper bound of every segment's key length */
+  int32_t batch;           /* number of segments B (>= 1); cu_seqlens have B + 1 entries */
+  int64_t total_q;         /* rows of Q, O, dQ, dO (and columns of LSE) */
+  int64_t total_kv;        /* rows of K, V, dK, dV */
+  int32_t max_seqlen_q;    /* upper bound of every segment's query length */
+  int32_t max_seqlen_kv;   /* upper bound of every segment's key length */
   int32_t has_seq_offsets; /* padded THD: seq_offsets_q/kv give each segment's first row */
   /* shapes */
   int32_t num_heads_q;
@@ -89,12 +89,12 @@ typedef struct rattn_problem {
   rattn_dtype dtype;
   rattn_strides q, k, v, o, d_o, dq, dk, dv;
   /* math */
-  float softmax_scale;   /* <= 0: 1 / sqrt(head_dim_qk) */
-  float softcap;         /* 0: off; else scores = softcap * tanh(scale * q.k / softcap) */
+  float softmax_scale; /* <= 0: 1 / sqrt(head_dim_qk) */
+  float softcap;       /* 0: off; else scores = softcap * tanh(scale * q.k / softcap) */
   rattn_mask mask;
   rattn_alignment alignment;
-  int32_t window_left;   /* -1: unbounded; else key j >= diag(i) - window_left */
-  int32_t window_right;  /* -1: unbounded; else key j <= diag(i) + window_right (0 with causal) */
+  int32_t window_left;  /* -1: unbounded; else key j >= diag(i) - window_left */
+  int32_t window_right; /* -1: unbounded; else key j <= diag(i) + window_right (0 with causal) */
   /* backward */
   rattn_dq_accum dq_accum;
   int32_t deterministic; /* dQ, dK, dV bitwise identical from run to run */
@@ -103,7 +103,7 @@ typedef struct rattn_problem {
 } rattn_problem;
 
 typedef struct rattn_device_caps {
-  int32_t cuda;              /* 0: no usable CUDA device (CPU only) */
+  int32_t cuda; /* 0: no usable CUDA device (CPU only) */
   int32_t device;
   int32_t cc_major, cc_minor;
   int32_t num_sms;
@@ -168,7 +168,8 @@ RATTN_API void rattn_plan_destroy(rattn_plan* plan);
 RATTN_API rattn_status rattn_plan_workspace_size(const rattn_plan* plan, rattn_direction dir,
                                                  size_t* bytes);
 RATTN_API rattn_path rattn_plan_path(const rattn_plan* plan);
-/* A one-line description of the chosen path and tiles; written NUL-terminated, truncated to size. */
+/* A one-line description of the chosen path and tiles; written NUL-terminated, truncated to size.
+ */
 RATTN_API rattn_status rattn_plan_describe(const rattn_plan* plan, char* buffer, size_t size);
 
 /* stream: a cudaStream_t (NULL: the default stream); ignored by the CPU backend. */

@@ -14,7 +14,11 @@ using DeviceCaps = rattn_device_caps;
 using FwdTensors = rattn_fwd_tensors;
 using BwdTensors = rattn_bwd_tensors;
 
-enum class Path { Cpu = RATTN_PATH_CPU, CudaPortable = RATTN_PATH_CUDA_PORTABLE, CudaSm90 = RATTN_PATH_CUDA_SM90 };
+enum class Path {
+  Cpu = RATTN_PATH_CPU,
+  CudaPortable = RATTN_PATH_CUDA_PORTABLE,
+  CudaSm90 = RATTN_PATH_CUDA_SM90
+};
 enum class Direction { Forward = RATTN_FORWARD, Backward = RATTN_BACKWARD };
 
 const char* path_name(Path path);

@@ -37,17 +37,27 @@ rattn_status guarded(F&& f) {
 
 extern "C" {
 
-const char* rattn_version(void) { return "0.1.0"; }
-const char* rattn_last_error(void) { return g_last_error.c_str(); }
+const char* rattn_version(void) {
+  return "0.1.0";
+}
+const char* rattn_last_error(void) {
+  return g_last_error.c_str();
+}
 
 const char* rattn_status_name(rattn_status s) {
   switch (s) {
-    case RATTN_SUCCESS: return "success";
-    case RATTN_ERROR_INVALID_VALUE: return "invalid value";
-    case RATTN_ERROR_NOT_SUPPORTED: return "not supported";
-    case RATTN_ERROR_WORKSPACE: return "workspace error";
-    case RATTN_ERROR_CUDA: return "CUDA error";
-    case RATTN_ERROR_INTERNAL: return "internal error";
+    case RATTN_SUCCESS:
+      return "success";
+    case RATTN_ERROR_INVALID_VALUE:
+      return "invalid value";
+    case RATTN_ERROR_NOT_SUPPORTED:
+      return "not supported";
+    case RATTN_ERROR_WORKSPACE:
+      return "workspace error";
+    case RATTN_ERROR_CUDA:
+      return "CUDA error";
+    case RATTN_ERROR_INTERNAL:
+      return "internal error";
   }
   return "unknown status";
 }
@@ -79,13 +89,15 @@ rattn_status rattn_plan_create(const rattn_problem* problem, const rattn_device_
   });
 }
 
-void rattn_plan_destroy(rattn_plan* plan) { delete plan; }
+void rattn_plan_destroy(rattn_plan* plan) {
+  delete plan;
+}
 
-rattn_status rattn_plan_workspace_size(const rattn_plan* plan, rattn_direction dir,
-                                       size_t* bytes) {
+rattn_status rattn_plan_workspace_size(const rattn_plan* plan, rattn_direction dir, size_t* bytes) {
   return guarded([&] {
     if (!plan || !bytes) {
-      return raggedattn::invalid_value("rattn_plan_workspace_size", "plan and bytes must not be null");
+      return raggedattn::invalid_value("rattn_plan_workspace_size",
+                                       "plan and bytes must not be null");
     }
     if (dir != RATTN_FORWARD && dir != RATTN_BACKWARD) {
       return raggedattn::invalid_value("rattn_plan_workspace_size", "direction=", int(dir),

@@ -20,7 +20,9 @@ inline uint32_t float_to_bits(float f) {
   return u;
 }
 
-inline float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+inline float bf16_to_float(uint16_t h) {
+  return bits_to_float(uint32_t(h) << 16);
+}
 inline uint16_t float_to_bf16(float f) {
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
@@ -44,10 +46,10 @@ inline uint16_t float_to_fp16(float f) {
   uint32_t u = float_to_bits(f);
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
   if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (a < 0x38800000u) {                                   // below 2^-14: subnormal or zero
-    float v = bits_to_float(a) * 16777216.0f;              // in units of 2^-24
+  if (a < 0x38800000u) {                                  // below 2^-14: subnormal or zero
+    float v = bits_to_float(a) * 16777216.0f;             // in units of 2^-24
     uint32_t m = uint32_t(v);
     float rem = v - float(m);
     if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
@@ -59,24 +61,36 @@ inline uint16_t float_to_fp16(float f) {
 
 inline float load_elem(const void* base, int64_t i, rattn_dtype t) {
   switch (t) {
-    case RATTN_DTYPE_BF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case RATTN_DTYPE_FP16: return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
+    case RATTN_DTYPE_BF16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case RATTN_DTYPE_FP16:
+      return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
   }
 }
 inline void store_elem(void* base, int64_t i, rattn_dtype t, float v) {
   switch (t) {
-    case RATTN_DTYPE_BF16: static_cast<uint16_t*>(base)[i] = float_to_bf16(v); break;
-    case RATTN_DTYPE_FP16: static_cast<uint16_t*>(base)[i] = float_to_fp16(v); break;
-    default: static_cast<float*>(base)[i] = v; break;
+    case RATTN_DTYPE_BF16:
+      static_cast<uint16_t*>(base)[i] = float_to_bf16(v);
+      break;
+    case RATTN_DTYPE_FP16:
+      static_cast<uint16_t*>(base)[i] = float_to_fp16(v);
+      break;
+    default:
+      static_cast<float*>(base)[i] = v;
+      break;
   }
 }
 // Rounds v to what `t` can hold (identity for fp32).
 inline float round_to(rattn_dtype t, float v) {
   switch (t) {
-    case RATTN_DTYPE_BF16: return bf16_to_float(float_to_bf16(v));
-    case RATTN_DTYPE_FP16: return fp16_to_float(float_to_fp16(v));
-    default: return v;
+    case RATTN_DTYPE_BF16:
+      return bf16_to_float(float_to_bf16(v));
+    case RATTN_DTYPE_FP16:
+      return fp16_to_float(float_to_fp16(v));
+    default:
+      return v;
   }
 }
 

@@ -32,10 +32,10 @@ Status workspace_error(const char* where, Args&&... args) {
                 str_cat("raggedattn: ", where, ": ", std::forward<Args>(args)...));
 }
 
-#define RATTN_RETURN_IF_ERROR(expr)      \
-  do {                                   \
-    ::raggedattn::Status _s = (expr);    \
-    if (!_s.ok()) return _s;             \
+#define RATTN_RETURN_IF_ERROR(expr)   \
+  do {                                \
+    ::raggedattn::Status _s = (expr); \
+    if (!_s.ok()) return _s;          \
   } while (0)
 
 }  // namespace raggedattn

@@ -12,8 +12,14 @@
 
 namespace raggedattn {
 
-RATTN_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-RATTN_HD int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-RATTN_HD int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+RATTN_HD int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+RATTN_HD int64_t round_up(int64_t a, int64_t b) {
+  return ceil_div(a, b) * b;
+}
+RATTN_HD int64_t clamp64(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
 
 }  // namespace raggedattn

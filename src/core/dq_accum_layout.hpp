@@ -37,9 +37,12 @@ struct DqAccumLayout {
   // First row of segment b's slot within a plane.
   RATTN_HD int64_t slot_row0(int b, int32_t cu_q_b) const {
     switch (scheme) {
-      case DqSlotScheme::Compact: return RaggedTiles{align, batch}.first(b, cu_q_b) * align;
-      case DqSlotScheme::PackedTokens: return cu_q_b;
-      default: return 0;
+      case DqSlotScheme::Compact:
+        return RaggedTiles{align, batch}.first(b, cu_q_b) * align;
+      case DqSlotScheme::PackedTokens:
+        return cu_q_b;
+      default:
+        return 0;
     }
   }
   // Element offset of (split, segment b, head, row i of the segment, column 0).
@@ -50,8 +53,8 @@ struct DqAccumLayout {
     return (plane * rows + slot_row0(b, cu_q_b) + i) * dim;
   }
   RATTN_HD int64_t elements() const {
-    int64_t planes = static_cast<int64_t>(nsplits) * heads *
-                     (scheme == DqSlotScheme::PaddedBatch ? batch : 1);
+    int64_t planes =
+        static_cast<int64_t>(nsplits) * heads * (scheme == DqSlotScheme::PaddedBatch ? batch : 1);
     return planes * rows * dim;
   }
   int64_t bytes() const { return elements() * elem_bytes(); }
@@ -73,8 +76,12 @@ inline DqAccumLayout make_dq_accum_layout(DqSlotScheme scheme, AccumType type, i
     case DqSlotScheme::Compact:
       l.rows = RaggedTiles::bound(total_q, batch, align) * align;
       break;
-    case DqSlotScheme::PaddedBatch: l.rows = round_up(max_seqlen_q, align); break;
-    case DqSlotScheme::PackedTokens: l.rows = total_q; break;
+    case DqSlotScheme::PaddedBatch:
+      l.rows = round_up(max_seqlen_q, align);
+      break;
+    case DqSlotScheme::PackedTokens:
+      l.rows = total_q;
+      break;
   }
   return l;
 }

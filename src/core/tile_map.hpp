@@ -34,7 +34,10 @@ struct RaggedTiles {
     int lo = 0, hi = batch - 1;  // largest b with first(b) <= t; first(0) == 0 <= t
     while (lo < hi) {
       int mid = (lo + hi + 1) / 2;
-      if (first(mid, cu[mid]) <= t) lo = mid; else hi = mid - 1;
+      if (first(mid, cu[mid]) <= t)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     int64_t local = t - first(lo, cu[lo]);
     TileCoord c;

@@ -29,12 +29,13 @@ DeviceCaps query_device(int device) {
 
 Status copy_to_host(const int32_t* device_ptr, int64_t count, int32_t* host, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaMemcpyAsync(host, device_ptr, size_t(count) * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, s);
+  cudaError_t e =
+      cudaMemcpyAsync(host, device_ptr, size_t(count) * sizeof(int32_t), cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   if (e != cudaSuccess) {
     return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: check_segments: copying segment arrays "
-                                            "to the host failed: ", cudaGetErrorString(e)));
+                                            "to the host failed: ",
+                                            cudaGetErrorString(e)));
   }
   return Status::Ok();
 }

@@ -48,7 +48,8 @@ Status require_cuda(const char* what, const DeviceCaps& caps) {
 Status plan_portable(PlanData* d) {
   const Problem& p = d->problem;
   if (p.dtype == RATTN_DTYPE_FP32) {
-    return not_supported("make_plan", "dtype fp32 on a CUDA path; CUDA paths take bf16 or fp16 "
+    return not_supported("make_plan",
+                         "dtype fp32 on a CUDA path; CUDA paths take bf16 or fp16 "
                          "(fp32 runs on backend cpu)");
   }
   const int dqk = p.head_dim_qk, dv = p.head_dim_v;
@@ -72,8 +73,10 @@ Status plan_portable(PlanData* d) {
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > limit) {
       return not_supported("make_plan", "head_dim_qk=", dqk, ", head_dim_v=", dv, " needs ",
-                           s->smem_bytes, " bytes of shared memory per block on the portable path; "
-                           "device ", d->caps.device, " allows ", limit);
+                           s->smem_bytes,
+                           " bytes of shared memory per block on the portable path; "
+                           "device ",
+                           d->caps.device, " allows ", limit);
     }
   }
 
@@ -82,9 +85,9 @@ Status plan_portable(PlanData* d) {
   const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_FP32 ? AccumType::F32
                        : p.dtype == RATTN_DTYPE_FP16     ? AccumType::F16
                                                          : AccumType::BF16;
-  ws.dq_accum = make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch,
-                                     p.num_heads_q, dqk, p.total_q, p.max_seqlen_q,
-                                     portable::kDqAccumAlign);
+  ws.dq_accum =
+      make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch, p.num_heads_q, dqk,
+                           p.total_q, p.max_seqlen_q, portable::kDqAccumAlign);
   size_t cursor = 0;
   ws.dq_accum_region = take(&cursor, size_t(ws.dq_accum.bytes()));
   ws.dpsum = take(&cursor, size_t(d->row_stats().elements(p.num_heads_q)) * sizeof(float));
@@ -117,7 +120,8 @@ Status choose_path(PlanData* d) {
       return plan_portable(d);
     case RATTN_BACKEND_CUDA_SM90:
       RATTN_RETURN_IF_ERROR(require_cuda("cuda_sm90", caps));
-      return not_supported("make_plan", "backend cuda_sm90 requested; the Hopper path is not part "
+      return not_supported("make_plan",
+                           "backend cuda_sm90 requested; the Hopper path is not part "
                            "of this build; available: cuda_portable, cpu");
   }
   return invalid_value("make_plan", "backend=", int(p.backend), " is not a backend");
@@ -127,9 +131,12 @@ Status choose_path(PlanData* d) {
 
 const char* path_name(Path path) {
   switch (path) {
-    case Path::Cpu: return "cpu";
-    case Path::CudaPortable: return "cuda_portable";
-    case Path::CudaSm90: return "cuda_sm90";
+    case Path::Cpu:
+      return "cpu";
+    case Path::CudaPortable:
+      return "cuda_portable";
+    case Path::CudaSm90:
+      return "cuda_sm90";
   }
   return "unknown";
 }
@@ -172,8 +179,12 @@ Status make_plan(const Problem& problem, const DeviceCaps& caps, Plan* plan) {
   return Status::Ok();
 }
 
-const Problem& Plan::problem() const { return data_->problem; }
-Path Plan::path() const { return data_->path; }
+const Problem& Plan::problem() const {
+  return data_->problem;
+}
+Path Plan::path() const {
+  return data_->path;
+}
 
 size_t Plan::workspace_bytes(Direction dir) const {
   return dir == Direction::Forward ? data_->fwd_ws.total : data_->bwd_ws.total;
@@ -185,11 +196,13 @@ std::string Plan::describe() const {
   std::string s = str_cat(path_name(d.path), " ", dtype_name(p.dtype), " Hq=", p.num_heads_q,
                           " Hkv=", p.num_heads_kv, " D=", p.head_dim_qk, "/", p.head_dim_v);
   if (d.path != Path::Cpu) {
-    s += str_cat(" fwd[", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
-                 d.fwd.smem_bytes / 1024, "KiB] bwd[", d.bwd.block_m, "x", d.bwd.block_n, " ",
-                 d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages,
-                 "] dq_accum=", p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32" : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),
-                 p.deterministic ? " deterministic" : "");
+    s += str_cat(
+        " fwd[", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
+        d.fwd.smem_bytes / 1024, "KiB] bwd[", d.bwd.block_m, "x", d.bwd.block_n, " ", d.bwd.threads,
+        "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
+        p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
+                                          : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),
+        p.deterministic ? " deterministic" : "");
   }
   return s;
 }

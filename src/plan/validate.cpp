@@ -38,11 +38,12 @@ Status resolve_strides(const char* name, int64_t rows, int heads, int dim, int e
   if (written) {
     // Outputs must not alias themselves: either token-major (heads apart by >= dim, tokens by
     // all heads) or head-major (tokens apart by >= dim, heads by all rows).
-    bool token_major = (heads == 1 || s->head >= dim) && s->token >= int64_t(heads - 1) * s->head + dim;
+    bool token_major =
+        (heads == 1 || s->head >= dim) && s->token >= int64_t(heads - 1) * s->head + dim;
     bool head_major = s->token >= dim && (heads == 1 || s->head >= (rows - 1) * s->token + dim);
     if (rows > 0 && !token_major && !head_major) {
-      return invalid_value("make_plan", "output ", name, " strides (token=", s->token, ", head=",
-                           s->head, ") make rows overlap for ", rows, " rows, ", heads,
+      return invalid_value("make_plan", "output ", name, " strides (token=", s->token,
+                           ", head=", s->head, ") make rows overlap for ", rows, " rows, ", heads,
                            " heads of dim ", dim, "; outputs need disjoint rows");
     }
   }
@@ -149,12 +150,12 @@ Status check_host_segments(const Problem& p, const int32_t* cu_q, const int32_t*
     for (int b = 0; b < p.batch; ++b) {
       int64_t len = int64_t(s.cu[b + 1]) - s.cu[b];
       if (len < 0) {
-        return invalid_value(w, "cu_seqlens_", s.name, " decreases at segment ", b, " (",
-                             s.cu[b], " -> ", s.cu[b + 1], "); must be non-decreasing");
+        return invalid_value(w, "cu_seqlens_", s.name, " decreases at segment ", b, " (", s.cu[b],
+                             " -> ", s.cu[b + 1], "); must be non-decreasing");
       }
       if (len > s.max_len) {
-        return invalid_value(w, "segment ", b, " has ", s.name, " length ", len,
-                             " > max_seqlen_", s.name, "=", s.max_len);
+        return invalid_value(w, "segment ", b, " has ", s.name, " length ", len, " > max_seqlen_",
+                             s.name, "=", s.max_len);
       }
       if (s.off) {
         if (s.off[b] < prev_end) {
@@ -164,14 +165,14 @@ Status check_host_segments(const Problem& p, const int32_t* cu_q, const int32_t*
         }
         prev_end = int64_t(s.off[b]) + len;
         if (prev_end > s.total) {
-          return invalid_value(w, "segment ", b, " (", s.name, " rows ", s.off[b], "..",
-                               prev_end, ") runs past total_", s.name, "=", s.total);
+          return invalid_value(w, "segment ", b, " (", s.name, " rows ", s.off[b], "..", prev_end,
+                               ") runs past total_", s.name, "=", s.total);
         }
       }
     }
     if (s.cu[p.batch] > s.total) {
-      return invalid_value(w, "cu_seqlens_", s.name, "[", p.batch, "]=", s.cu[p.batch],
-                           " > total_", s.name, "=", s.total, " rows of the tensor");
+      return invalid_value(w, "cu_seqlens_", s.name, "[", p.batch, "]=", s.cu[p.batch], " > total_",
+                           s.name, "=", s.total, " rows of the tensor");
     }
   }
   return Status::Ok();
@@ -179,7 +180,9 @@ Status check_host_segments(const Problem& p, const int32_t* cu_q, const int32_t*
 
 namespace {
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 Status check_pointer(const char* where, const char* name, const void* ptr, bool needed) {
   if (!needed) return Status::Ok();
@@ -210,7 +213,8 @@ Status check_workspace(const char* where, size_t need, const void* ws, size_t by
   if (bytes < need) {
     return workspace_error(where, "workspace of ", bytes, " bytes given; the plan needs ", need);
   }
-  if (need > 0 && !ws) return workspace_error(where, "workspace is null; the plan needs ", need, " bytes");
+  if (need > 0 && !ws)
+    return workspace_error(where, "workspace is null; the plan needs ", need, " bytes");
   if (need > 0 && !aligned16(ws)) {
     return workspace_error(where, "workspace=", ws, " is not 16-byte aligned");
   }

@@ -195,7 +195,8 @@ void backward(const PlanData& plan, const BwdTensors& t, const Options& opt) {
       for (int d = 0; d < dqk; ++d) {
         store_elem(t.dk, krow + d, p.dtype, float(dk[size_t(j) * dqk + d] * plan.scale));
       }
-      for (int d = 0; d < dv; ++d) store_elem(t.dv, vrow + d, p.dtype, float(dvacc[size_t(j) * dv + d]));
+      for (int d = 0; d < dv; ++d)
+        store_elem(t.dv, vrow + d, p.dtype, float(dvacc[size_t(j) * dv + d]));
     }
   });
 }

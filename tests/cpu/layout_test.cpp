@@ -148,13 +148,12 @@ std::string scheme_name(const ::testing::TestParamInfo<std::tuple<DqSlotScheme, 
                                                        : "_fp16");
 }
 
-INSTANTIATE_TEST_SUITE_P(AllSchemes, DqAccumLayoutProperties,
-                         ::testing::Combine(::testing::Values(DqSlotScheme::Compact,
-                                                              DqSlotScheme::PaddedBatch,
-                                                              DqSlotScheme::PackedTokens),
-                                            ::testing::Values(AccumType::F32, AccumType::BF16,
-                                                                              AccumType::F16)),
-                         scheme_name);
+INSTANTIATE_TEST_SUITE_P(
+    AllSchemes, DqAccumLayoutProperties,
+    ::testing::Combine(::testing::Values(DqSlotScheme::Compact, DqSlotScheme::PaddedBatch,
+                                         DqSlotScheme::PackedTokens),
+                       ::testing::Values(AccumType::F32, AccumType::BF16, AccumType::F16)),
+    scheme_name);
 
 TEST(DqAccumLayout, CompactRowsStayWithinTotalPlus16PerSegment) {
   for (int trial = 0; trial < kLists; ++trial) {

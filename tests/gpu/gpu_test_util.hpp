@@ -17,7 +17,9 @@
 namespace raggedattn {
 namespace gpu_test {
 
-inline bool have_gpu() { return query_device(-1).cuda != 0; }
+inline bool have_gpu() {
+  return query_device(-1).cuda != 0;
+}
 
 #define RATTN_REQUIRE_GPU()                                                    \
   do {                                                                         \

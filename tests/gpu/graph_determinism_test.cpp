@@ -15,10 +15,10 @@ namespace raggedattn {
 namespace {
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-#define RATTN_OK(x)                            \
-  do {                                         \
-    const Status _s = (x);                     \
-    ASSERT_TRUE(_s.ok()) << _s.message();      \
+#define RATTN_OK(x)                       \
+  do {                                    \
+    const Status _s = (x);                \
+    ASSERT_TRUE(_s.ok()) << _s.message(); \
   } while (0)
 
 struct DeviceTensor {
@@ -66,15 +66,30 @@ class Fixture : public ::testing::Test {
     CUDA_OK(cudaMemcpy(d->ptr, v.data(), d->bytes, cudaMemcpyHostToDevice));
   }
   FwdTensors Fwd() const {
-    return {q_.ptr, k_.ptr, v_.ptr, o_.ptr, static_cast<float*>(lse_.ptr),
-            static_cast<const int32_t*>(cu_q_.ptr), static_cast<const int32_t*>(cu_kv_.ptr),
-            static_cast<const int32_t*>(off_q_.ptr), static_cast<const int32_t*>(off_kv_.ptr)};
+    return {q_.ptr,
+            k_.ptr,
+            v_.ptr,
+            o_.ptr,
+            static_cast<float*>(lse_.ptr),
+            static_cast<const int32_t*>(cu_q_.ptr),
+            static_cast<const int32_t*>(cu_kv_.ptr),
+            static_cast<const int32_t*>(off_q_.ptr),
+            static_cast<const int32_t*>(off_kv_.ptr)};
   }
   BwdTensors Bwd() const {
-    return {q_.ptr, k_.ptr, v_.ptr, o_.ptr, do_.ptr, static_cast<const float*>(lse_.ptr),
-            dq_.ptr, dk_.ptr, dv_.ptr,
-            static_cast<const int32_t*>(cu_q_.ptr), static_cast<const int32_t*>(cu_kv_.ptr),
-            static_cast<const int32_t*>(off_q_.ptr), static_cast<const int32_t*>(off_kv_.ptr)};
+    return {q_.ptr,
+            k_.ptr,
+            v_.ptr,
+            o_.ptr,
+            do_.ptr,
+            static_cast<const float*>(lse_.ptr),
+            dq_.ptr,
+            dk_.ptr,
+            dv_.ptr,
+            static_cast<const int32_t*>(cu_q_.ptr),
+            static_cast<const int32_t*>(cu_kv_.ptr),
+            static_cast<const int32_t*>(off_q_.ptr),
+            static_cast<const int32_t*>(off_kv_.ptr)};
   }
   static std::vector<unsigned char> Download(const DeviceTensor& d) {
     std::vector<unsigned char> h(d.bytes);
@@ -122,8 +137,11 @@ TEST_F(Fixture, DeterministicBackwardIsBitwiseStableOver20Runs) {
           first[t] = got;
         } else {
           ASSERT_EQ(std::memcmp(got.data(), first[t].data(), got.size()), 0)
-              << "tensor " << (t == 0 ? "dQ" : t == 1 ? "dK" : "dV") << " differs in run " << run
-              << " (dq_accum " << verify::dq_accum_str(accum) << ")";
+              << "tensor "
+              << (t == 0   ? "dQ"
+                  : t == 1 ? "dK"
+                           : "dV")
+              << " differs in run " << run << " (dq_accum " << verify::dq_accum_str(accum) << ")";
         }
       }
     }

@@ -19,18 +19,17 @@ using portable::FwdParams;
 
 Status cuda_status(const char* where, cudaError_t e) {
   if (e == cudaSuccess) return Status::Ok();
-  return Status(RATTN_ERROR_CUDA,
-                str_cat("raggedattn: ", where, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+  return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: ", where, ": ", cudaGetErrorName(e), ": ",
+                                          cudaGetErrorString(e)));
 }
 
 // Calls f(T{}, std::integral_constant<DQK>, std::integral_constant<DV>) for the plan's shape.
 template <class F>
 cudaError_t dispatch(const Problem& pr, F&& f) {
-#define RATTN_CASE(DQK, DV)                                                            \
-  if (pr.head_dim_qk == DQK && pr.head_dim_v == DV) {                                  \
-    return pr.dtype == RATTN_DTYPE_BF16                                                \
-               ? f.template operator()<__nv_bfloat16, DQK, DV>()                       \
-               : f.template operator()<__half, DQK, DV>();                             \
+#define RATTN_CASE(DQK, DV)                                                               \
+  if (pr.head_dim_qk == DQK && pr.head_dim_v == DV) {                                     \
+    return pr.dtype == RATTN_DTYPE_BF16 ? f.template operator()<__nv_bfloat16, DQK, DV>() \
+                                        : f.template operator()<__half, DQK, DV>();       \
   }
   RATTN_PORTABLE_HEAD_DIMS(RATTN_CASE)
 #undef RATTN_CASE
@@ -64,8 +63,8 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, bool convert, cud
   const dim3 grid(unsigned(RaggedTiles::bound(pr.total_q, pr.batch, post::kPostRows)),
                   unsigned(pr.num_heads_q));
   if (!convert) {
-    post::DotParams dp{p.o, p.d_o, p.dpsum, p.segs, p.o_layout, p.do_layout, p.stats, tiles,
-                       pr.head_dim_v};
+    post::DotParams dp{p.o,         p.d_o,   p.dpsum, p.segs,       p.o_layout,
+                       p.do_layout, p.stats, tiles,   pr.head_dim_v};
     post::dot_do_o_kernel<T><<<grid, post::kPostThreads, 0, s>>>(dp);
   } else {
     post::ConvertParams cp{p.dq_accum_ptr, p.dq_accum, p.dq, p.segs, p.dq_layout, tiles, p.scale};
@@ -79,7 +78,8 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, bool convert, cud
 Status portable_forward(const PlanData& d, const FwdTensors& t, void* /*workspace*/, void* stream) {
   if (d.problem.total_q == 0) return Status::Ok();
   const FwdParams p = portable::make_fwd_params(d, t);
-  return cuda_status("forward", dispatch(d.problem, FwdLauncher{p, d, static_cast<cudaStream_t>(stream)}));
+  return cuda_status("forward",
+                     dispatch(d.problem, FwdLauncher{p, d, static_cast<cudaStream_t>(stream)}));
 }
 
 Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
@@ -88,21 +88,24 @@ Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const BwdParams p = portable::make_bwd_params(d, t, workspace);
   const BwdWorkspace& ws = d.bwd_ws;
-  RATTN_RETURN_IF_ERROR(cuda_status("backward: clearing the dQ scratch",
-      cudaMemsetAsync(p.dq_accum_ptr, 0, ws.dq_accum_region.bytes, s)));
+  RATTN_RETURN_IF_ERROR(
+      cuda_status("backward: clearing the dQ scratch",
+                  cudaMemsetAsync(p.dq_accum_ptr, 0, ws.dq_accum_region.bytes, s)));
   if (p.locks) {
     RATTN_RETURN_IF_ERROR(cuda_status("backward: clearing the locks",
-        cudaMemsetAsync(p.locks, 0, ws.locks.bytes, s)));
+                                      cudaMemsetAsync(p.locks, 0, ws.locks.bytes, s)));
   }
   const bool bf16 = pr.dtype == RATTN_DTYPE_BF16;
   if (pr.total_q > 0) {
-    RATTN_RETURN_IF_ERROR(cuda_status("backward: dot(dO, O)",
-        bf16 ? launch_post<__nv_bfloat16>(d, p, false, s) : launch_post<__half>(d, p, false, s)));
+    RATTN_RETURN_IF_ERROR(
+        cuda_status("backward: dot(dO, O)", bf16 ? launch_post<__nv_bfloat16>(d, p, false, s)
+                                                 : launch_post<__half>(d, p, false, s)));
   }
   RATTN_RETURN_IF_ERROR(cuda_status("backward", dispatch(pr, BwdLauncher{p, d, s})));
   if (pr.total_q > 0) {
-    RATTN_RETURN_IF_ERROR(cuda_status("backward: dq_convert",
-        bf16 ? launch_post<__nv_bfloat16>(d, p, true, s) : launch_post<__half>(d, p, true, s)));
+    RATTN_RETURN_IF_ERROR(
+        cuda_status("backward: dq_convert", bf16 ? launch_post<__nv_bfloat16>(d, p, true, s)
+                                                 : launch_post<__half>(d, p, true, s)));
   }
   return Status::Ok();
 }

@@ -18,8 +18,12 @@
 namespace raggedattn {
 namespace portable {
 
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
-__device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) {
+  return __bfloat1622float2(v);
+}
+__device__ __forceinline__ float2 to_float2(__half2 v) {
+  return __half22float2(v);
+}
 template <class Pair>
 __device__ __forceinline__ Pair from_float2(float x, float y);
 template <>
@@ -27,7 +31,9 @@ __device__ __forceinline__ __nv_bfloat162 from_float2(float x, float y) {
   return __floats2bfloat162_rn(x, y);
 }
 template <>
-__device__ __forceinline__ __half2 from_float2(float x, float y) { return __floats2half2_rn(x, y); }
+__device__ __forceinline__ __half2 from_float2(float x, float y) {
+  return __floats2half2_rn(x, y);
+}
 
 template <class Pair, int NF, class Elem>
 __device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF][4], int half,
@@ -72,7 +78,8 @@ __device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float
       }
     }
   } else if (p.dq_accum.type == AccumType::BF16) {
-    add_16bit_pairs<__nv_bfloat162>(static_cast<__nv_bfloat16*>(p.dq_accum_ptr) + off, dq, half, ordered);
+    add_16bit_pairs<__nv_bfloat162>(static_cast<__nv_bfloat16*>(p.dq_accum_ptr) + off, dq, half,
+                                    ordered);
   } else {
     add_16bit_pairs<__half2>(static_cast<__half*>(p.dq_accum_ptr) + off, dq, half, ordered);
   }
@@ -186,8 +193,10 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     float st[S_MF][S_NF][4], dpt[S_MF][S_NF][4];
     zero(st);
     zero(dpt);
-    warp_gemm<T, S_MF, S_NF, DQK, false, false>(st, sK, L.k_pitch, s_key0, sQ, L.q_pitch, s_q0, lane);
-    warp_gemm<T, S_MF, S_NF, DV, false, false>(dpt, sV, L.v_pitch, s_key0, sdO, L.do_pitch, s_q0, lane);
+    warp_gemm<T, S_MF, S_NF, DQK, false, false>(st, sK, L.k_pitch, s_key0, sQ, L.q_pitch, s_q0,
+                                                lane);
+    warp_gemm<T, S_MF, S_NF, DV, false, false>(dpt, sV, L.v_pitch, s_key0, sdO, L.do_pitch, s_q0,
+                                               lane);
 
     // P^T = exp(S^T - LSE), dS^T = P^T (dP^T - D) (times tanh' under a soft cap), stored
     // [key][query]. Each thread's query columns and their row statistics, once per step.
@@ -288,8 +297,8 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
         T* dvrow = dv + r * p.dv_layout.token_stride + dv_col0 + 2 * (lane % 4);
 #pragma unroll
         for (int f = 0; f < DK_W / 8; ++f) {
-          *reinterpret_cast<uint32_t*>(dkrow + f * 8) = Mma::pack(
-              acc_dk[mf][f][2 * half] * p.scale, acc_dk[mf][f][2 * half + 1] * p.scale);
+          *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
+              Mma::pack(acc_dk[mf][f][2 * half] * p.scale, acc_dk[mf][f][2 * half + 1] * p.scale);
         }
 #pragma unroll
         for (int f = 0; f < DV_W / 8; ++f) {

@@ -33,8 +33,8 @@ struct FwdConfig {
 };
 
 struct BwdConfig {
-  int block_m;       // queries per step
-  int block_n;       // keys per CTA
+  int block_m;  // queries per step
+  int block_n;  // keys per CTA
   int warps;
   int s_warps_key;   // score tiles [block_n x block_m]: warps along keys (the rest along queries)
   int kv_warps_key;  // dK/dV [block_n x dim]: warps along keys (the rest along the head dim)

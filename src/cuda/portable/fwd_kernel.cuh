@@ -135,7 +135,8 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
       for (int half = 0; half < 2; ++half) {
         float mx = row_max[mf][half];
 #pragma unroll
-        for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(s[mf][f][2 * half], s[mf][f][2 * half + 1]));
+        for (int f = 0; f < NF; ++f)
+          mx = fmaxf(mx, fmaxf(s[mf][f][2 * half], s[mf][f][2 * half + 1]));
         mx = quad_max(mx);
         const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
         const float alpha = fast_exp2(row_max[mf][half] - base);

@@ -35,16 +35,16 @@ cudaError_t launch_bwd(const BwdParams& p, const LaunchShape& shape, int heads_k
 }  // namespace portable
 }  // namespace raggedattn
 
-#define RATTN_INSTANTIATE_PORTABLE(DQK, DV)                                                    \
-  namespace raggedattn {                                                                       \
-  namespace portable {                                                                         \
+#define RATTN_INSTANTIATE_PORTABLE(DQK, DV)                                                     \
+  namespace raggedattn {                                                                        \
+  namespace portable {                                                                          \
   template cudaError_t launch_fwd<__nv_bfloat16, DQK, DV>(const FwdParams&, const LaunchShape&, \
-                                                          int, cudaStream_t);                  \
+                                                          int, cudaStream_t);                   \
   template cudaError_t launch_fwd<__half, DQK, DV>(const FwdParams&, const LaunchShape&, int,   \
-                                                   cudaStream_t);                              \
+                                                   cudaStream_t);                               \
   template cudaError_t launch_bwd<__nv_bfloat16, DQK, DV>(const BwdParams&, const LaunchShape&, \
-                                                          int, cudaStream_t);                  \
+                                                          int, cudaStream_t);                   \
   template cudaError_t launch_bwd<__half, DQK, DV>(const BwdParams&, const LaunchShape&, int,   \
-                                                   cudaStream_t);                              \
-  }                                                                                            \
+                                                   cudaStream_t);                               \
+  }                                                                                             \
   }

@@ -31,8 +31,8 @@ struct FwdParams {
   RaggedTiles tiles;  // query tiles of block_m rows
   float scale_log2;   // softmax scale * log2(e): scores go straight to exp2
   float scale;
-  float softcap;      // 0: off
-  int group;          // query heads per KV head
+  float softcap;  // 0: off
+  int group;      // query heads per KV head
 };
 
 struct BwdParams {

@@ -1,9 +1,9 @@
 // Warp-level building blocks of the sm80+ kernels: async copies, ldmatrix, mma.sync m16n8k16.
 //
 // Fragment conventions (PTX ISA, mma.m16n8k16 with .row.col), per lane l, g = l / 4, t = l % 4:
-//   A (16x16, m x k): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
-//   B (16x8,  k x n): b0 = B[2t..2t+1][g],  b1 = B[2t+8..2t+9][g]
-//   C (16x8,  m x n): c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+//   A (16x16, m x k): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 =
+//   A[g+8][2t+8..] B (16x8,  k x n): b0 = B[2t..2t+1][g],  b1 = B[2t+8..2t+9][g] C (16x8,  m x n):
+//   c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
 // A C fragment pair covering 16 columns therefore re-packs into an A fragment without shuffles:
 // that is how probabilities go from one product into the next in registers.
 #pragma once
@@ -72,15 +72,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) 
 
 // 16-byte global -> shared copy; `valid == false` fills the 16 bytes with zeros instead.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
 }
 // 4-byte variant (row statistics); zero fill when invalid.
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 4 : 0));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 4 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -91,7 +93,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // A fragment (16x16) of a row-major [m][k] tile at (m0, k0).
 __device__ __forceinline__ void load_a(uint32_t a[4], const void* base, int pitch, int m0, int k0,
                                        int lane) {
-  const auto* p = static_cast<const uint16_t*>(base) + (m0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8;
+  const auto* p =
+      static_cast<const uint16_t*>(base) + (m0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8;
   ldmatrix_x4(a, smem_addr(p));
 }
 // A fragment (16x16) of A = S^T where S is stored row-major [k][m]: element A[m][k] = S[k][m].
@@ -104,16 +107,16 @@ __device__ __forceinline__ void load_a_trans(uint32_t a[4], const void* base, in
 }
 // Two B fragments (k16 x n8 each, n-tiles n0 and n0+8) of B = N^T where N is stored [n][k]
 // (keys for Q K^T). b[0], b[1]: n-tile n0; b[2], b[3]: n-tile n0 + 8.
-__device__ __forceinline__ void load_b_nk(uint32_t b[4], const void* base, int pitch, int n0, int k0,
-                                          int lane) {
+__device__ __forceinline__ void load_b_nk(uint32_t b[4], const void* base, int pitch, int n0,
+                                          int k0, int lane) {
   const int idx = lane >> 3;
   const auto* p = static_cast<const uint16_t*>(base) + (n0 + (lane & 7) + (idx >> 1) * 8) * pitch +
                   k0 + (idx & 1) * 8;
   ldmatrix_x4(b, smem_addr(p));
 }
 // Two B fragments of B stored [k][n] (V for P V). Same register order as load_b_nk.
-__device__ __forceinline__ void load_b_kn(uint32_t b[4], const void* base, int pitch, int n0, int k0,
-                                          int lane) {
+__device__ __forceinline__ void load_b_kn(uint32_t b[4], const void* base, int pitch, int n0,
+                                          int k0, int lane) {
   const int idx = lane >> 3;
   const auto* p = static_cast<const uint16_t*>(base) + (k0 + (lane & 7) + (idx & 1) * 8) * pitch +
                   n0 + (idx >> 1) * 8;

@@ -21,16 +21,24 @@ constexpr int kPostThreads = 256;
 template <class T>
 __device__ __forceinline__ float to_float(T x);
 template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 template <>
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
 
 template <class T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_float(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float(float x) {
+  return __float2half_rn(x);
+}
 
 struct DotParams {
   const void* o;
@@ -45,7 +53,8 @@ struct DotParams {
 
 // One warp per row; grid (tiles, heads).
 template <class T>
-__global__ void __launch_bounds__(kPostThreads) dot_do_o_kernel(const __grid_constant__ DotParams p) {
+__global__ void __launch_bounds__(kPostThreads)
+    dot_do_o_kernel(const __grid_constant__ DotParams p) {
   const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const Segment seg = p.segs.get(tc.segment);
@@ -86,7 +95,8 @@ struct ConvertParams {
 
 // 8 columns (16 output bytes) per thread; grid (tiles, heads).
 template <class T>
-__global__ void __launch_bounds__(kPostThreads) dq_convert_kernel(const __grid_constant__ ConvertParams p) {
+__global__ void __launch_bounds__(kPostThreads)
+    dq_convert_kernel(const __grid_constant__ ConvertParams p) {
   const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const int b = tc.segment, h = blockIdx.y;
@@ -100,10 +110,17 @@ __global__ void __launch_bounds__(kPostThreads) dq_convert_kernel(const __grid_c
     for (int split = 0; split < p.layout.nsplits; ++split) {
       const int64_t off = p.layout.offset(split, b, seg.cu_q, h, r) + col;
       if (p.layout.type == AccumType::F32) {
-        const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.accum) + off);
+        const float4* src =
+            reinterpret_cast<const float4*>(static_cast<const float*>(p.accum) + off);
         const float4 x = src[0], y = src[1];
-        acc[0] += x.x; acc[1] += x.y; acc[2] += x.z; acc[3] += x.w;
-        acc[4] += y.x; acc[5] += y.y; acc[6] += y.z; acc[7] += y.w;
+        acc[0] += x.x;
+        acc[1] += x.y;
+        acc[2] += x.z;
+        acc[3] += x.w;
+        acc[4] += y.x;
+        acc[5] += y.y;
+        acc[6] += y.z;
+        acc[7] += y.w;
       } else if (p.layout.type == AccumType::BF16) {
         add_8(acc, static_cast<const __nv_bfloat16*>(p.accum) + off);
       } else {
@@ -114,7 +131,8 @@ __global__ void __launch_bounds__(kPostThreads) dq_convert_kernel(const __grid_c
     T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[e] * p.scale);
-    *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r, h) + col) = out;
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r, h) + col) =
+        out;
   }
 }
 
