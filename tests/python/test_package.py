@@ -42,3 +42,20 @@ def test_problem_defaults_are_the_c_api_defaults():
     assert (p.dtype, p.mask, p.alignment, p.dq_accum, p.backend) == (
         _C.DTYPE_BF16, _C.MASK_NONE, _C.ALIGN_TOP_LEFT, _C.DQ_ACCUM_FP32, _C.BACKEND_AUTO)
     assert (p.window_left, p.window_right, p.q_strides) == (-1, -1, (0, 0))
+
+
+def test_extension_exports_only_its_init():
+    """Nothing the extension links in (a static C++ runtime included) may interpose on the
+    library's symbols."""
+    import glob
+    import shutil
+
+    import pytest
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    (ext,) = glob.glob(os.path.join(os.path.dirname(raggedattn.__file__), "_C*.so"))
+    out = subprocess.run([nm, "-D", "--defined-only", ext], check=True, capture_output=True,
+                         text=True).stdout
+    assert [line.split()[-1] for line in out.splitlines()] == ["PyInit__C"]
