@@ -77,6 +77,12 @@ def main():
     names = args.workloads.split(",")
     variants = {"raggedattn": [], "raggedattn_dq_bf16": ["--dq-accum", "bf16"]}
     report = {"date": datetime.date.today().isoformat(), "workloads": {}, "meta": {}}
+    try:  # the GPU's name, also when no anchor runs (they report it too)
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        report["meta"]["gpu"] = smi.stdout.strip().splitlines()[0]
+    except (OSError, IndexError):
+        pass
     for name in names:
         lens, causal = WORKLOADS[name]
         row = {}
