@@ -273,7 +273,8 @@ def _target(x) -> Tuple[bool, int]:
     if device.platform == "cpu":
         return False, -1
     if device.platform in ("gpu", "cuda"):
-        return True, int(getattr(device, "local_hardware_id", None) or device.id)
+        ordinal = getattr(device, "local_hardware_id", None)  # the CUDA ordinal in this process
+        return True, int(device.id if ordinal is None else ordinal)
     raise ValueError(f"raggedattn: arrays on platform {device.platform!r}; supported: cpu, cuda")
 
 
