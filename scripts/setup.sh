@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 preset=${RATTN_PRESET:-default}
 
 missing=()
-for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev python3-venv python3-pip; do
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev python3-dev python3-venv python3-pip; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
