@@ -1,5 +1,7 @@
 #include "verify/case_spec.hpp"
 
+#include "common/dtype.hpp"
+
 #include <algorithm>
 #include <sstream>
 
@@ -187,17 +189,7 @@ double backward_flops(const CaseSpec& s) {
   return 2.5 * forward_flops(s);
 }
 
-const char* dtype_str(rattn_dtype t) {
-  switch (t) {
-    case RATTN_DTYPE_BF16:
-      return "bf16";
-    case RATTN_DTYPE_FP16:
-      return "fp16";
-    case RATTN_DTYPE_FP32:
-      return "fp32";
-  }
-  return "?";
-}
+const char* dtype_str(rattn_dtype t) { return dtype_name(t); }
 
 const char* backend_str(rattn_backend b) {
   switch (b) {
