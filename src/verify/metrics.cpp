@@ -26,7 +26,7 @@ const char* tensor_name(Tensor t) {
 Metrics compare(const double* x, const double* ref, const double* lowp, int64_t n,
                 const Tolerance& tol) {
   Metrics m;
-  double xx = 0, rr = 0, xr = 0, ee = 0, ll = 0;
+  double xx = 0, rr = 0, xr = 0, ee = 0, ll = 0, pp = 0, pr = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double r = ref[i], v = x[i];
     if (std::isinf(r) && r < 0) {
@@ -50,6 +50,8 @@ Metrics compare(const double* x, const double* ref, const double* lowp, int64_t 
     m.max_abs = std::max(m.max_abs, std::fabs(e));
     if (lowp && std::isfinite(lowp[i])) {
       ll += (lowp[i] - r) * (lowp[i] - r);
+      pp += lowp[i] * lowp[i];
+      pr += lowp[i] * r;
       m.max_abs_lowp = std::max(m.max_abs_lowp, std::fabs(lowp[i] - r));
     }
   }
@@ -66,6 +68,7 @@ Metrics compare(const double* x, const double* ref, const double* lowp, int64_t 
   } else {
     m.rel = ee > 0 ? std::numeric_limits<double>::infinity() : 0.0;
   }
+  if (lowp) m.cos_lowp = (pp > 0 && nr > 0) ? pr / (std::sqrt(pp) * nr) : (pp == 0 && nr == 0 ? 1.0 : 0.0);
   m.zero_ref = m.elements > 0 && nr == 0;
   m.bound = m.zero_ref ? tol.lowp_factor * m.max_abs_lowp + tol.zero_abs
                        : tol.lowp_factor * m.rel_lowp + tol.rel_floor;
@@ -74,7 +77,16 @@ Metrics compare(const double* x, const double* ref, const double* lowp, int64_t 
   } else if (m.zero_ref) {
     m.pass = m.max_abs <= m.bound;
   } else {
-    m.pass = m.cos >= tol.min_cos && m.rel <= m.bound;
+    // Where the segment's dQ (say) is ill-conditioned — a short causal segment whose gradient
+    // nearly cancels — a plain low-precision implementation misses the cosine bar itself
+    // (measured: ~6% of 2..8-token causal segments in bf16). There the bar is the plain
+    // implementation's own, at the same factor as the relative error: 1 - cos grows as rel^2 / 2,
+    // so twice its rel is four times its 1 - cos.
+    const bool cos_ok =
+        m.cos >= tol.min_cos ||
+        (lowp && m.cos_lowp < tol.min_cos &&
+         1.0 - m.cos <= tol.lowp_factor * tol.lowp_factor * (1.0 - m.cos_lowp));
+    m.pass = cos_ok && m.rel <= m.bound;
   }
   return m;
 }

@@ -54,6 +54,7 @@ struct Metrics {
   double max_abs = 0.0;       // max |x - ref|
   double rel_lowp = 0.0;      // the low-precision implementation's rel (0 when none was given)
   double max_abs_lowp = 0.0;  // ...and its max abs error
+  double cos_lowp = 1.0;      // ...and its cosine with the reference
   double bound = 0.0;         // the bound on rel (on max_abs, for a zero reference)
   int64_t nonfinite = 0;      // NaN/Inf outputs where the reference is finite
   int64_t inf_mismatch = 0;   // elements that are -inf in exactly one of output and reference

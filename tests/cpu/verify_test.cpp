@@ -80,6 +80,28 @@ TEST(Compare, CosineBelowThresholdFails) {
   EXPECT_FALSE(m.pass);
 }
 
+TEST(Compare, IllConditionedSegmentsAreHeldToThePlainImplementationsCosine) {
+  // A plain low-precision result with cos ~ 0.9992 (rel 4e-2): the cosine bar becomes
+  // 1 - cos <= 4 (1 - cos_lowp), twice the plain error in rel terms, like the rel bound.
+  const std::vector<double> ref = randn(2000, 8);
+  const std::vector<double> lowp = noisy(ref, 0.04, 9);
+  const std::vector<double> near = noisy(ref, 0.06, 10);  // 1.5x the plain error: passes
+  const std::vector<double> far = noisy(ref, 0.12, 11);   // 3x: fails both bars
+  const Metrics a = verify::compare(near.data(), ref.data(), lowp.data(), 2000, {});
+  const Metrics b = verify::compare(far.data(), ref.data(), lowp.data(), 2000, {});
+  EXPECT_LT(a.cos_lowp, 0.9999);
+  EXPECT_LT(a.cos, 0.9999);
+  EXPECT_TRUE(a.pass) << a.cos << " vs plain " << a.cos_lowp;
+  EXPECT_FALSE(b.pass) << b.cos << " vs plain " << b.cos_lowp;
+  // Where the plain implementation reaches 0.9999, the bar is 0.9999 whatever the rel bound.
+  const std::vector<double> good_lowp = noisy(ref, 1e-3, 12);
+  const std::vector<double> x = noisy(ref, 0.02, 13);
+  const Metrics c = verify::compare(x.data(), ref.data(), good_lowp.data(), 2000,
+                                    Tolerance{0.9999, 2.0, 1.0, verify::kZeroRefAbsFloor});
+  EXPECT_GE(c.cos_lowp, 0.9999);
+  EXPECT_FALSE(c.pass) << c.cos;
+}
+
 TEST(Compare, NonFiniteOutputFails) {
   std::vector<double> ref = randn(100, 8), x = ref;
   x[17] = kNaN;

@@ -102,7 +102,8 @@ def _cosine(a, b):
 
 def check_segments(what, got, want, rows, tol, plain=None, axis=0):
     """Per segment: relative error within tol or, given a plain low-precision result, within
-    2x its error plus a floor of 1e-3 (the design's bar for GPU paths), and cosine >= 0.9999."""
+    2x its error plus a floor of 1e-3 (the design's bar for GPU paths), and cosine >= 0.9999
+    (or, where the plain implementation misses 0.9999 itself, within 4x its 1 - cos)."""
     got, want = _np(got), _np(want)
     plain = None if plain is None else _np(plain)
     for b, r in enumerate(rows):
@@ -119,8 +120,13 @@ def check_segments(what, got, want, rows, tol, plain=None, axis=0):
             bound = max(tol, 2 * relative_error(p, w) + 1e-3)
         assert err <= bound, f"{what}: segment {b}: relative error {err:.3g} > {bound:.3g}"
         if np.linalg.norm(w) > 0 and plain is not None:
-            cos = _cosine(g, w)
-            assert cos >= 0.9999, f"{what}: segment {b}: cosine {cos:.6f} < 0.9999"
+            # Where the plain implementation itself misses 0.9999 (an ill-conditioned segment: a
+            # short causal segment whose gradient nearly cancels), hold the cosine to twice its
+            # error, as the relative error is: 1 - cos grows as rel^2 / 2 (src/verify/metrics.cpp).
+            cos, cos_plain = _cosine(g, w), _cosine(p, w)
+            floor = 0.9999 if cos_plain >= 0.9999 else 1 - 4 * (1 - cos_plain)
+            assert cos >= floor, (f"{what}: segment {b}: cosine {cos:.6f} < {floor:.6f} "
+                                  f"(plain implementation: {cos_plain:.6f})")
 
 
 def _tensors(case, packing, dtype, device, seed=0):
