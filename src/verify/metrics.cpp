@@ -68,7 +68,8 @@ Metrics compare(const double* x, const double* ref, const double* lowp, int64_t 
   } else {
     m.rel = ee > 0 ? std::numeric_limits<double>::infinity() : 0.0;
   }
-  if (lowp) m.cos_lowp = (pp > 0 && nr > 0) ? pr / (std::sqrt(pp) * nr) : (pp == 0 && nr == 0 ? 1.0 : 0.0);
+  if (lowp)
+    m.cos_lowp = (pp > 0 && nr > 0) ? pr / (std::sqrt(pp) * nr) : (pp == 0 && nr == 0 ? 1.0 : 0.0);
   m.zero_ref = m.elements > 0 && nr == 0;
   m.bound = m.zero_ref ? tol.lowp_factor * m.max_abs_lowp + tol.zero_abs
                        : tol.lowp_factor * m.rel_lowp + tol.rel_floor;
@@ -82,10 +83,9 @@ Metrics compare(const double* x, const double* ref, const double* lowp, int64_t 
     // (measured: ~6% of 2..8-token causal segments in bf16). There the bar is the plain
     // implementation's own, at the same factor as the relative error: 1 - cos grows as rel^2 / 2,
     // so twice its rel is four times its 1 - cos.
-    const bool cos_ok =
-        m.cos >= tol.min_cos ||
-        (lowp && m.cos_lowp < tol.min_cos &&
-         1.0 - m.cos <= tol.lowp_factor * tol.lowp_factor * (1.0 - m.cos_lowp));
+    const bool cos_ok = m.cos >= tol.min_cos ||
+                        (lowp && m.cos_lowp < tol.min_cos &&
+                         1.0 - m.cos <= tol.lowp_factor * tol.lowp_factor * (1.0 - m.cos_lowp));
     m.pass = cos_ok && m.rel <= m.bound;
   }
   return m;

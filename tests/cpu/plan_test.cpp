@@ -204,3 +204,39 @@ TEST(PlanWorkspace, CompactScratchIsNotBatchTimesMaxSeqlen) {
 
 }  // namespace
 }  // namespace raggedattn
+
+namespace raggedattn {
+namespace {
+
+// LSE is read and written one fp32 at a time: a view into a larger LSE buffer (4-byte aligned)
+// is accepted, a pointer that is not fp32-aligned is not; the tensors keep their 16-byte rule.
+TEST(CallChecks, LseNeedsFloatAlignmentOnly) {
+  Problem p = default_problem();
+  p.batch = 1;
+  p.total_q = p.total_kv = 4;
+  p.max_seqlen_q = p.max_seqlen_kv = 4;
+  p.num_heads_q = p.num_heads_kv = 1;
+  p.head_dim_qk = p.head_dim_v = 64;
+  p.backend = RATTN_BACKEND_CPU;
+  Plan plan;
+  ASSERT_TRUE(make_plan(p, cpu_caps(), &plan).ok());
+  alignas(16) static uint16_t q[4 * 64], k[4 * 64], v[4 * 64], o[4 * 64];
+  alignas(16) static float lse[8];
+  const int32_t cu[2] = {0, 4};
+  FwdTensors t{q, k, v, o, lse + 1, cu, cu, nullptr, nullptr};
+  for (int i = 0; i < 4 * 64; ++i) q[i] = k[i] = v[i] = 0x3f80;  // bf16 1.0
+  Status s = forward(plan, t, nullptr, 0);
+  EXPECT_TRUE(s.ok()) << s.message();
+  t.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(lse) + 2);
+  s = forward(plan, t, nullptr, 0);
+  EXPECT_EQ(s.code(), RATTN_ERROR_INVALID_VALUE);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("lse="));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("is not 4-byte aligned"));
+  t.lse = lse;
+  t.o = reinterpret_cast<uint16_t*>(o) + 4;  // 8 bytes off: tensors still need 16
+  s = forward(plan, t, nullptr, 0);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("is not 16-byte aligned"));
+}
+
+}  // namespace
+}  // namespace raggedattn
