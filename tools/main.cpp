@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "args.hpp"
+#include "core/dq_accum_layout.hpp"
+#include "cuda/portable/config.hpp"
 #include "raggedattn/raggedattn.hpp"
 #include "verify/rng.hpp"
 #include "verify/verify.hpp"
@@ -367,6 +369,16 @@ int cmd_info(const Options& o) {
   std::printf("plan: %s\nworkspace: forward %zu bytes, backward %zu bytes\n",
               plan.describe().c_str(), plan.workspace_bytes(Direction::Forward),
               plan.workspace_bytes(Direction::Backward));
+  // The dQ scratch of each slot scheme for this problem (fp32 elements), beside the plan's own.
+  const Problem& pr = plan.problem();
+  for (DqSlotScheme scheme : {DqSlotScheme::Compact, DqSlotScheme::PaddedBatch}) {
+    const DqAccumLayout l =
+        make_dq_accum_layout(scheme, AccumType::F32, 1, pr.batch, pr.num_heads_q, pr.head_dim_qk,
+                             pr.total_q, pr.max_seqlen_q, portable::kDqAccumAlign);
+    std::printf("dQ scratch, %s slots: %" PRId64 " rows per head, %" PRId64 " bytes (fp32)\n",
+                scheme == DqSlotScheme::Compact ? "compact" : "padded-batch",
+                l.rows * (scheme == DqSlotScheme::PaddedBatch ? pr.batch : 1), l.bytes());
+  }
   return 0;
 }
 
