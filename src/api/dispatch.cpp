@@ -78,7 +78,7 @@ Status check_segments(const Plan& plan, const int32_t* cu_q, const int32_t* cu_k
   const Problem& p = d.problem;
   if (d.path == Path::Cpu) return check_host_segments(p, cu_q, cu_kv, off_q, off_kv);
 #ifdef RATTN_WITH_CUDA
-  if (!cu_q || !cu_kv) return invalid_value("check_segments", "cu_seqlens_q/kv must be given");
+  RATTN_RETURN_IF_ERROR(check_segment_presence("check_segments", p, cu_q, cu_kv, off_q, off_kv));
   const int n = p.batch + 1;
   std::vector<int32_t> hq(n), hk(n), hoq, hok;
   RATTN_RETURN_IF_ERROR(cuda::copy_to_host(cu_q, n, hq.data(), stream));
@@ -91,8 +91,8 @@ Status check_segments(const Plan& plan, const int32_t* cu_q, const int32_t* cu_k
     hok.resize(p.batch);
     RATTN_RETURN_IF_ERROR(cuda::copy_to_host(off_kv, p.batch, hok.data(), stream));
   }
-  return check_host_segments(p, hq.data(), hk.data(), off_q ? hoq.data() : nullptr,
-                             off_kv ? hok.data() : nullptr);
+  return check_host_segment_values(p, hq.data(), hk.data(), off_q ? hoq.data() : nullptr,
+                                   off_kv ? hok.data() : nullptr);
 #else
   (void)stream;
   return no_cuda_build("check_segments");

@@ -124,16 +124,28 @@ Status resolve_problem(const Problem& in, Problem* out) {
   return Status::Ok();
 }
 
-Status check_host_segments(const Problem& p, const int32_t* cu_q, const int32_t* cu_kv,
-                           const int32_t* offsets_q, const int32_t* offsets_kv) {
-  const char* w = "segments";
-  if (!cu_q || !cu_kv) return invalid_value(w, "cu_seqlens_q and cu_seqlens_kv must be given");
+Status check_segment_presence(const char* where, const Problem& p, const int32_t* cu_q,
+                              const int32_t* cu_kv, const int32_t* offsets_q,
+                              const int32_t* offsets_kv) {
+  if (!cu_q || !cu_kv) return invalid_value(where, "cu_seqlens_q and cu_seqlens_kv must be given");
   if (p.has_seq_offsets && (!offsets_q || !offsets_kv)) {
-    return invalid_value(w, "has_seq_offsets is set but seq_offsets_q/kv are null");
+    return invalid_value(where, "has_seq_offsets is set but seq_offsets_q/kv are null");
   }
   if (!p.has_seq_offsets && (offsets_q || offsets_kv)) {
-    return invalid_value(w, "seq_offsets_q/kv given but has_seq_offsets is 0");
+    return invalid_value(where, "seq_offsets_q/kv given but has_seq_offsets is 0");
   }
+  return Status::Ok();
+}
+
+Status check_host_segments(const Problem& p, const int32_t* cu_q, const int32_t* cu_kv,
+                           const int32_t* offsets_q, const int32_t* offsets_kv) {
+  RATTN_RETURN_IF_ERROR(check_segment_presence("segments", p, cu_q, cu_kv, offsets_q, offsets_kv));
+  return check_host_segment_values(p, cu_q, cu_kv, offsets_q, offsets_kv);
+}
+
+Status check_host_segment_values(const Problem& p, const int32_t* cu_q, const int32_t* cu_kv,
+                                 const int32_t* offsets_q, const int32_t* offsets_kv) {
+  const char* w = "segments";
   struct Side {
     const char* name;
     const int32_t* cu;
@@ -201,16 +213,9 @@ Status check_pointer(const char* where, const char* name, const void* ptr, bool 
 
 Status check_segment_pointers(const char* where, const PlanData& plan, const int32_t* cu_q,
                               const int32_t* cu_kv, const int32_t* off_q, const int32_t* off_kv) {
-  if (!cu_q || !cu_kv) return invalid_value(where, "cu_seqlens_q and cu_seqlens_kv must be given");
-  bool want = plan.problem.has_seq_offsets != 0;
-  if (want && (!off_q || !off_kv)) {
-    return invalid_value(where, "has_seq_offsets is set but seq_offsets_q/kv are null");
-  }
-  if (!want && (off_q || off_kv)) {
-    return invalid_value(where, "seq_offsets_q/kv given but the plan has has_seq_offsets = 0");
-  }
+  RATTN_RETURN_IF_ERROR(check_segment_presence(where, plan.problem, cu_q, cu_kv, off_q, off_kv));
   if (plan.path == Path::Cpu) {
-    return check_host_segments(plan.problem, cu_q, cu_kv, off_q, off_kv);
+    return check_host_segment_values(plan.problem, cu_q, cu_kv, off_q, off_kv);
   }
   return Status::Ok();
 }
