@@ -65,14 +65,6 @@ struct Options {
   std::string json;
 };
 
-bool built_with_cuda() {
-#ifdef RATTN_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 // Where the backend will run: decides the machine-dependent defaults (heads, dtype, repeats).
 bool runs_on_cpu(rattn_backend b) {
   if (b == RATTN_BACKEND_CPU) return true;

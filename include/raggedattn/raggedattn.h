@@ -150,6 +150,8 @@ typedef enum rattn_path {
 } rattn_path;
 
 RATTN_API const char* rattn_version(void);
+/* 1 where this build of the library has CUDA backends, 0 for a CPU-only build. */
+RATTN_API int rattn_built_with_cuda(void);
 RATTN_API const char* rattn_last_error(void);
 RATTN_API const char* rattn_status_name(rattn_status);
 

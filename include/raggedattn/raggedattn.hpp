@@ -40,6 +40,10 @@ class [[nodiscard]] Status {
 // The defaults of rattn_problem_init.
 Problem default_problem();
 
+// Whether this build of the library has CUDA backends (query_device tells whether a device is
+// there).
+bool built_with_cuda();
+
 // Capabilities of a CUDA device (-1: current). `cuda == 0` where none is usable.
 DeviceCaps query_device(int device = -1);
 // Capabilities of a machine without a GPU.

@@ -40,6 +40,9 @@ extern "C" {
 const char* rattn_version(void) {
   return "0.1.0";
 }
+int rattn_built_with_cuda(void) {
+  return raggedattn::built_with_cuda() ? 1 : 0;
+}
 const char* rattn_last_error(void) {
   return g_last_error.c_str();
 }

@@ -129,6 +129,10 @@ Status choose_path(PlanData* d) {
 
 }  // namespace
 
+bool built_with_cuda() {
+  return kBuiltWithCuda;
+}
+
 const char* path_name(Path path) {
   switch (path) {
     case Path::Cpu:

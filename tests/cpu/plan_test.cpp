@@ -240,3 +240,21 @@ TEST(CallChecks, LseNeedsFloatAlignmentOnly) {
 
 }  // namespace
 }  // namespace raggedattn
+
+namespace raggedattn {
+namespace {
+
+// The library answers whether it has CUDA backends the way it was configured (RATTN_WITH_CUDA is
+// a public definition of the target), in both APIs.
+TEST(BuildInfo, BuiltWithCudaMatchesTheConfiguration) {
+#ifdef RATTN_WITH_CUDA
+  EXPECT_TRUE(built_with_cuda());
+  EXPECT_EQ(rattn_built_with_cuda(), 1);
+#else
+  EXPECT_FALSE(built_with_cuda());
+  EXPECT_EQ(rattn_built_with_cuda(), 0);
+#endif
+}
+
+}  // namespace
+}  // namespace raggedattn

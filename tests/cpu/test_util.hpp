@@ -23,12 +23,8 @@ inline void PrintTo(AccumType t, std::ostream* os) {
 
 namespace testing_util {
 
-constexpr bool kBuiltWithCuda =
-#ifdef RATTN_WITH_CUDA
-    true;
-#else
-    false;
-#endif
+// Asked of the library itself, not of a compile flag of the tests.
+inline const bool kBuiltWithCuda = built_with_cuda();
 
 // An H100/H200-like device, for plans made without a GPU.
 inline DeviceCaps fake_hopper_caps() {
