@@ -4,11 +4,16 @@
 #
 #   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
 #
-# STEPs: info check tests sanitize profile bench anchors (default: info check tests sanitize bench).
+# STEPs: info check tests sanitize profile bench anchors python train
+# (default: info check tests sanitize bench).
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
-# `anchors` needs ANCHORS_DIR (the anchor scripts). Each step's log goes to OUT_DIR/<step>.txt.
+# `anchors` needs ANCHORS_DIR (the anchor scripts). `python` installs the package over BUILD_DIR's
+# library (no compiler run, no network) and runs tests/python; `train` then runs
+# examples/train_packed with every run, the corruption experiment included.
+# Each step's log goes to OUT_DIR/<step>.txt.
 set -u
 build=$(cd "$1" && pwd)
+repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$2
 shift 2
 steps=${*:-info check tests sanitize bench}
@@ -62,6 +67,14 @@ for s in $steps; do
     anchors)
       step bench_anchors 900 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" \
         --anchors "${ANCHORS_DIR:?set ANCHORS_DIR}" --out "$out" ;;
+    python)
+      step pip_install 300 python3 -m pip install --no-build-isolation --no-deps "$repo" \
+        -C cmake.define.RATTN_PYTHON_PREBUILT_LIBRARY="$build/src/libraggedattn.so" \
+        -C cmake.define.RATTN_CUDA=OFF
+      step pytest 480 env -C /tmp python3 -m pytest -q -rs "$repo/tests/python" ;;
+    train)
+      step train 540 python3 "$repo/examples/train_packed/train.py" --device cuda \
+        --runs reference,raggedattn,raggedattn_dq_bf16,raggedattn_dq_corrupt --out "$out/train" ;;
   esac
 done
 exit $status

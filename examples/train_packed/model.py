@@ -46,8 +46,31 @@ def reference_attention(q, k, v, cu_seqlens, causal=True):
     return torch.cat(outs, dim=0)
 
 
+class _CorruptDq(torch.autograd.Function):
+    """Identity on q whose backward hands every document past the first the first document's dQ
+    rows (cyclically) instead of its own: what a dQ scratch read with segment stride 0 returns.
+    For the corruption experiment only (run `raggedattn_dq_corrupt`)."""
+
+    @staticmethod
+    def forward(ctx, q, cu_seqlens):
+        ctx.save_for_backward(cu_seqlens)
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, dq):
+        (cu,) = ctx.saved_tensors
+        cu = cu.tolist()
+        bad = dq.clone()
+        first = max(1, cu[1] - cu[0])
+        for a, b in zip(cu[1:-1], cu[2:]):
+            rows = torch.arange(b - a, device=dq.device) % first + cu[0]
+            bad[a:b] = dq[rows]
+        return bad, None
+
+
 class Attention(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads, impl, dq_accum="fp32", attn_dtype=None):
+    def __init__(self, dim, n_heads, n_kv_heads, impl, dq_accum="fp32", attn_dtype=None,
+                 corrupt_dq=False):
         super().__init__()
         self.h, self.hkv, self.d = n_heads, n_kv_heads, dim // n_heads
         self.wq = nn.Linear(dim, n_heads * self.d, bias=False)
@@ -55,6 +78,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dim, n_kv_heads * self.d, bias=False)
         self.wo = nn.Linear(n_heads * self.d, dim, bias=False)
         self.impl, self.dq_accum, self.attn_dtype = impl, dq_accum, attn_dtype
+        self.corrupt_dq = corrupt_dq
 
     def forward(self, x, positions, cu_seqlens, max_seqlen):
         t = x.shape[0]
@@ -66,6 +90,8 @@ class Attention(nn.Module):
         if self.impl == "raggedattn":
             import raggedattn.torch as rt
 
+            if self.corrupt_dq:
+                q = _CorruptDq.apply(q, cu_seqlens)
             o = rt.attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True,
                              dq_accum=self.dq_accum)
         else:
@@ -74,10 +100,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype):
+    def __init__(self, dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype, corrupt_dq):
         super().__init__()
         self.attn_norm, self.mlp_norm = RMSNorm(dim), RMSNorm(dim)
-        self.attn = Attention(dim, n_heads, n_kv_heads, impl, dq_accum, attn_dtype)
+        self.attn = Attention(dim, n_heads, n_kv_heads, impl, dq_accum, attn_dtype, corrupt_dq)
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
@@ -90,12 +116,12 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     def __init__(self, vocab, dim=256, layers=4, n_heads=4, n_kv_heads=2, impl="raggedattn",
-                 dq_accum="fp32", attn_dtype=None):
+                 dq_accum="fp32", attn_dtype=None, corrupt_dq=False):
         super().__init__()
         hidden = int(8 * dim / 3 / 64 + 0.999) * 64
         self.embed = nn.Embedding(vocab, dim)
         self.blocks = nn.ModuleList(
-            Block(dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype) for _ in range(layers))
+            Block(dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype, corrupt_dq) for _ in range(layers))
         self.norm = RMSNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         for m in self.modules():

@@ -5,8 +5,9 @@ attention, from the same initialization and the same data order, and compares th
     python3 examples/train_packed/train.py --device cuda --steps 400 --out results/
     python3 examples/train_packed/train.py --device cpu --steps 3 --batch-tokens 512   # smoke test
 
-Runs (--runs): `reference` (SDPA per document), `raggedattn` (fp32 dQ scratch) and
-`raggedattn_dq_bf16` (16-bit dQ scratch). Reports, per raggedattn run, the largest and the mean
+Runs (--runs): `reference` (SDPA per document), `raggedattn` (fp32 dQ scratch),
+`raggedattn_dq_bf16` (16-bit dQ scratch) and, on request only, `raggedattn_dq_corrupt` (the
+experiment of a broken dQ layout: every document past the first gets the first one's dQ rows). Reports, per raggedattn run, the largest and the mean
 absolute gap between its training loss and the reference's over all steps, and every run's loss
 on held-out documents. Writes results.json, summary.md and curves.png under --out.
 """
@@ -28,7 +29,11 @@ RUNS = {
     "reference": dict(impl="reference", dq_accum="fp32"),
     "raggedattn": dict(impl="raggedattn", dq_accum="fp32"),
     "raggedattn_dq_bf16": dict(impl="raggedattn", dq_accum="bf16"),
+    # The experiment of the historical bug: dQ of every document past the first replaced by the
+    # first document's rows, as a scratch read with segment stride 0 would return.
+    "raggedattn_dq_corrupt": dict(impl="raggedattn", dq_accum="fp32", corrupt_dq=True),
 }
+DEFAULT_RUNS = ["reference", "raggedattn", "raggedattn_dq_bf16"]
 
 
 def lr_at(step, total, peak, warmup):
@@ -74,7 +79,8 @@ def train_one(name, args, train_batches, eval_batches, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--runs", default=",".join(RUNS))
+    ap.add_argument("--runs", default=",".join(DEFAULT_RUNS),
+                    help=f"comma-separated, of: {', '.join(RUNS)}")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch-tokens", type=int, default=16384)
     ap.add_argument("--eval-batches", type=int, default=8)

@@ -45,3 +45,18 @@ def test_packing_keeps_documents_apart():
         assert pos[a] == 0 and int(pos[b - 1]) == b - a - 1  # positions restart per document
         assert int(tgts[b - 1]) == -100  # no target across a document boundary
     assert max_len == max(b - a for a, b in zip(cu[:-1], cu[1:]))
+
+
+def test_corrupt_dq_switch_breaks_only_later_documents():
+    """The corruption experiment's switch leaves dQ of the first document alone and replaces every
+    later document's dQ by the first document's rows (what a stride-0 scratch read returns)."""
+    from model import _CorruptDq
+
+    cu = torch.tensor([0, 3, 8, 9])
+    q = torch.randn(9, 2, 4, requires_grad=True)
+    g = torch.randn(9, 2, 4)
+    _CorruptDq.apply(q, cu).backward(g)
+    assert torch.equal(q.grad[:3], g[:3])
+    assert torch.equal(q.grad[3:8], g[[0, 1, 2, 0, 1]])
+    assert torch.equal(q.grad[8:], g[:1])
+    assert not torch.equal(q.grad, g)
