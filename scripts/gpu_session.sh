@@ -45,14 +45,16 @@ for s in $steps; do
     tests)
       step gpu_tests 420 "$build/tests/gpu/raggedattn_gpu_tests" --gtest_brief=1 ;;
     sanitize)
-      for c in short_odd zero_length padded_thd cross_bottom_right d192_dv128; do
-        step "memcheck_$c" 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
-          "$cli" check --backend cuda --config $c --heads 4/2
+      # Every named configuration (small head counts keep the tools fast), both dQ modes and the
+      # deterministic mode under memcheck, racecheck on the shared-memory hand-offs.
+      for mode in "--dq-accum fp32" "--dq-accum bf16" "--deterministic"; do
+        step "memcheck_${mode##* }" 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+          "$cli" check --backend cuda --heads 4/2 $mode
       done
-      step racecheck_short_odd 180 compute-sanitizer --tool racecheck --error-exitcode 9 \
-        "$cli" check --backend cuda --config short_odd --heads 2/1
-      step memcheck_deterministic 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        "$cli" check --backend cuda --config gqa_causal_100_80_76 --heads 4/2 --deterministic ;;
+      step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        "$cli" check --backend cuda --heads 2/1
+      step synccheck 300 compute-sanitizer --tool synccheck --error-exitcode 9 \
+        "$cli" check --backend cuda --heads 2/1 ;;
     profile)
       # Nsight Compute on one forward and one backward launch of one_doc_16k (clocks untouched).
       for k in fwd_kernel bwd_kernel; do

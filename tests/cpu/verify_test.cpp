@@ -100,6 +100,14 @@ TEST(Compare, IllConditionedSegmentsAreHeldToThePlainImplementationsCosine) {
                                     Tolerance{0.9999, 2.0, 1.0, verify::kZeroRefAbsFloor});
   EXPECT_GE(c.cos_lowp, 0.9999);
   EXPECT_FALSE(c.pass) << c.cos;
+  // The bar is continuous in the plain cosine: a plain result just above 0.9999 (1 - cos ~ 6e-5)
+  // allows 4x its 1 - cos, as one just below it does.
+  const std::vector<double> edge_lowp = noisy(ref, 0.011, 14);
+  const std::vector<double> y = noisy(ref, 0.0145, 15);
+  const Metrics d = verify::compare(y.data(), ref.data(), edge_lowp.data(), 2000, {});
+  EXPECT_GE(d.cos_lowp, 0.9999);
+  EXPECT_LT(d.cos, 0.9999);
+  EXPECT_TRUE(d.pass) << d.cos << " vs plain " << d.cos_lowp;
 }
 
 TEST(Compare, NonFiniteOutputFails) {
