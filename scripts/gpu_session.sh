@@ -76,7 +76,7 @@ for s in $steps; do
       step pytest 480 env -C /tmp python3 -m pytest -q -rs "$repo/tests/python" ;;
     train)
       step train 540 python3 "$repo/examples/train_packed/train.py" --device cuda \
-        --runs reference,raggedattn,raggedattn_dq_bf16,raggedattn_dq_corrupt --out "$out/train" ;;
+        --runs reference,raggedattn,raggedattn_dq_bf16,raggedattn_deterministic,raggedattn_dq_corrupt --out "$out/train" ;;
   esac
 done
 exit $status

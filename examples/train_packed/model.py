@@ -70,7 +70,7 @@ class _CorruptDq(torch.autograd.Function):
 
 class Attention(nn.Module):
     def __init__(self, dim, n_heads, n_kv_heads, impl, dq_accum="fp32", attn_dtype=None,
-                 corrupt_dq=False):
+                 corrupt_dq=False, deterministic=False):
         super().__init__()
         self.h, self.hkv, self.d = n_heads, n_kv_heads, dim // n_heads
         self.wq = nn.Linear(dim, n_heads * self.d, bias=False)
@@ -78,7 +78,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dim, n_kv_heads * self.d, bias=False)
         self.wo = nn.Linear(n_heads * self.d, dim, bias=False)
         self.impl, self.dq_accum, self.attn_dtype = impl, dq_accum, attn_dtype
-        self.corrupt_dq = corrupt_dq
+        self.corrupt_dq, self.deterministic = corrupt_dq, deterministic
 
     def forward(self, x, positions, cu_seqlens, max_seqlen):
         t = x.shape[0]
@@ -93,17 +93,19 @@ class Attention(nn.Module):
             if self.corrupt_dq:
                 q = _CorruptDq.apply(q, cu_seqlens)
             o = rt.attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True,
-                             dq_accum=self.dq_accum)
+                             dq_accum=self.dq_accum, deterministic=self.deterministic)
         else:
             o = reference_attention(q, k, v, cu_seqlens)
         return self.wo(o.reshape(t, self.h * self.d).to(x.dtype))
 
 
 class Block(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype, corrupt_dq):
+    def __init__(self, dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype, corrupt_dq,
+                 deterministic):
         super().__init__()
         self.attn_norm, self.mlp_norm = RMSNorm(dim), RMSNorm(dim)
-        self.attn = Attention(dim, n_heads, n_kv_heads, impl, dq_accum, attn_dtype, corrupt_dq)
+        self.attn = Attention(dim, n_heads, n_kv_heads, impl, dq_accum, attn_dtype, corrupt_dq,
+                              deterministic)
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
@@ -116,12 +118,13 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     def __init__(self, vocab, dim=256, layers=4, n_heads=4, n_kv_heads=2, impl="raggedattn",
-                 dq_accum="fp32", attn_dtype=None, corrupt_dq=False):
+                 dq_accum="fp32", attn_dtype=None, corrupt_dq=False, deterministic=False):
         super().__init__()
         hidden = int(8 * dim / 3 / 64 + 0.999) * 64
         self.embed = nn.Embedding(vocab, dim)
         self.blocks = nn.ModuleList(
-            Block(dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype, corrupt_dq) for _ in range(layers))
+            Block(dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype, corrupt_dq,
+                  deterministic) for _ in range(layers))
         self.norm = RMSNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         for m in self.modules():
