@@ -75,7 +75,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     names = args.workloads.split(",")
-    variants = {"raggedattn": [], "raggedattn_dq_bf16": ["--dq-accum", "bf16"]}
+    # The library's default (the best CUDA path: the Hopper forward where it takes the problem),
+    # its 16-bit dQ scratch, and the portable path forced, so both paths are measured each run.
+    variants = {"raggedattn": [], "raggedattn_dq_bf16": ["--dq-accum", "bf16"],
+                "raggedattn_portable": ["--backend", "cuda_portable"]}
     report = {"date": datetime.date.today().isoformat(), "workloads": {}, "meta": {}}
     try:  # the GPU's name, also when no anchor runs (they report it too)
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],

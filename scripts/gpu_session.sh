@@ -40,16 +40,24 @@ for s in $steps; do
       "$cli" info --segments 100,80,76 >>"$out/info.txt" 2>&1
       cat "$out/info.txt" ;;
     check)
+      # --backend cuda: the best path per configuration (Hopper where it takes it);
+      # cuda_portable: the portable path for every configuration, also on Hopper.
       step check_dq_fp32 300 "$cli" check --backend cuda
-      step check_dq_bf16 300 "$cli" check --backend cuda --dq-accum bf16 ;;
+      step check_dq_bf16 300 "$cli" check --backend cuda --dq-accum bf16
+      step check_portable 300 "$cli" check --backend cuda_portable ;;
     tests)
       step gpu_tests 420 "$build/tests/gpu/raggedattn_gpu_tests" --gtest_brief=1 ;;
     sanitize)
       # Every named configuration (small head counts keep the tools fast), both dQ modes and the
       # deterministic mode under memcheck, racecheck on the shared-memory hand-offs.
-      for mode in "--dq-accum fp32" "--dq-accum bf16" "--deterministic"; do
-        step "memcheck_${mode##* }" 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
-          "$cli" check --backend cuda --heads 4/2 $mode
+      for mode in fp32 bf16 deterministic portable; do
+        case $mode in
+          fp32|bf16) args="--dq-accum $mode" ;;
+          deterministic) args="--deterministic" ;;
+          portable) args="--backend cuda_portable" ;;
+        esac
+        step "memcheck_$mode" 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+          "$cli" check --backend cuda --heads 4/2 $args
       done
       step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$cli" check --backend cuda --heads 2/1

@@ -337,7 +337,9 @@ int cmd_run(const Options& o, bool bench) {
 
 int cmd_info(const Options& o) {
   std::printf("raggedattn %s\nbuild: %s\n", rattn_version(),
-              built_with_cuda() ? "CUDA backends (cuda_portable) and cpu" : "CPU-only (cpu)");
+              !built_with_cuda()             ? "CPU-only (cpu)"
+              : path_in_build(Path::CudaSm90) ? "CUDA backends (cuda_sm90, cuda_portable) and cpu"
+                                              : "CUDA backends (cuda_portable) and cpu");
   const DeviceCaps caps = query_device();
   if (caps.cuda) {
     std::printf("device %d: compute capability %d.%d, %d SMs, %" PRId64

@@ -43,6 +43,8 @@ Problem default_problem();
 // Whether this build of the library has CUDA backends (query_device tells whether a device is
 // there).
 bool built_with_cuda();
+// Whether this build has the kernels of `path` (cpu always; the CUDA paths where configured).
+bool path_in_build(Path path);
 
 // Capabilities of a CUDA device (-1: current). `cuda == 0` where none is usable.
 DeviceCaps query_device(int device = -1);

@@ -44,7 +44,11 @@ Status forward(const Plan& plan, const FwdTensors& t, void* workspace, size_t wo
       return no_cuda_build("forward");
 #endif
     case Path::CudaSm90:
+#ifdef RATTN_WITH_SM90
+      return cuda::sm90_forward(d, t, workspace, stream);
+#else
       break;
+#endif
   }
   return not_supported("forward", "path ", path_name(d.path), " is not available in this build");
 }
@@ -66,7 +70,11 @@ Status backward(const Plan& plan, const BwdTensors& t, void* workspace, size_t w
       return no_cuda_build("backward");
 #endif
     case Path::CudaSm90:
+#ifdef RATTN_WITH_SM90
+      return cuda::portable_backward(d, t, workspace, stream);  // the Hopper path's backward
+#else
       break;
+#endif
   }
   return not_supported("backward", "path ", path_name(d.path), " is not available in this build");
 }

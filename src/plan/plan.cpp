@@ -5,6 +5,7 @@
 #include "common/status.hpp"
 #include "core/tile_map.hpp"
 #include "cuda/portable/config.hpp"
+#include "cuda/sm90/config.hpp"
 #include "plan/plan_data.hpp"
 #include "plan/validate.hpp"
 
@@ -15,6 +16,12 @@ namespace {
 constexpr bool kBuiltWithCuda = true;
 #else
 constexpr bool kBuiltWithCuda = false;
+#endif
+
+#ifdef RATTN_WITH_SM90
+constexpr bool kBuiltWithSm90 = true;
+#else
+constexpr bool kBuiltWithSm90 = false;
 #endif
 
 constexpr size_t kRegionAlign = 256;
@@ -57,6 +64,8 @@ Status plan_portable(PlanData* d) {
   const portable::BwdConfig bc = portable::bwd_config(dqk, dv);
   const size_t limit = size_t(d->caps.smem_per_block_optin);
 
+  d->fwd.kernel = "mma.sync";
+  d->bwd.kernel = "mma.sync";
   d->fwd.block_m = fc.block_m;
   d->fwd.block_n = fc.block_n;
   d->fwd.threads = fc.warps * 32;
@@ -100,6 +109,45 @@ Status plan_portable(PlanData* d) {
   return Status::Ok();
 }
 
+// Why the Hopper path cannot take this problem, or "" where it can.
+std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
+  if (!kBuiltWithSm90) {
+    return "the Hopper path is not part of this build (it needs nvcc 12.0 or newer)";
+  }
+  if (!(caps.cc_major == 9 && caps.cc_minor == 0)) {
+    return str_cat("the Hopper path needs an sm_90 device (H100, H200); device ", caps.device,
+                   " has compute capability ", caps.cc_major, ".", caps.cc_minor);
+  }
+  if (p.dtype == RATTN_DTYPE_FP32) {
+    return "the Hopper path takes bf16 or fp16 (fp32 runs on backend cpu)";
+  }
+  if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v)) {
+    return str_cat("the Hopper path supports head_dim_qk=128, head_dim_v=128; given head_dim_qk=",
+                   p.head_dim_qk, ", head_dim_v=", p.head_dim_v, " (backend cuda_portable takes it)");
+  }
+  return "";
+}
+
+// The Hopper path: the wgmma forward, the portable backward (and its scratch).
+Status plan_sm90(PlanData* d) {
+  RATTN_RETURN_IF_ERROR(plan_portable(d));
+  const Problem& p = d->problem;
+  d->path = Path::CudaSm90;
+  d->fwd.kernel = "wgmma";
+  d->fwd.block_m = sm90::kFwd.block_m;
+  d->fwd.block_n = sm90::kFwd.block_n;
+  d->fwd.threads = sm90::kFwd.warpgroups * 128;
+  d->fwd.stages = 2;
+  d->fwd.smem_bytes = sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes;
+  d->fwd.tiles = RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m);
+  if (d->fwd.smem_bytes > size_t(d->caps.smem_per_block_optin)) {
+    return not_supported("make_plan", "the Hopper forward needs ", d->fwd.smem_bytes,
+                         " bytes of shared memory per block; device ", d->caps.device, " allows ",
+                         d->caps.smem_per_block_optin);
+  }
+  return Status::Ok();
+}
+
 Status choose_path(PlanData* d) {
   const Problem& p = d->problem;
   const DeviceCaps& caps = d->caps;
@@ -114,15 +162,24 @@ Status choose_path(PlanData* d) {
       }
       [[fallthrough]];
     case RATTN_BACKEND_CUDA:
-    case RATTN_BACKEND_CUDA_PORTABLE:
+      // The best CUDA path that takes the problem: Hopper where it can, portable otherwise.
       RATTN_RETURN_IF_ERROR(require_cuda("cuda", caps));
+      if (sm90_refusal(p, caps).empty()) return plan_sm90(d);
       d->path = Path::CudaPortable;
       return plan_portable(d);
-    case RATTN_BACKEND_CUDA_SM90:
+    case RATTN_BACKEND_CUDA_PORTABLE:
+      RATTN_RETURN_IF_ERROR(require_cuda("cuda_portable", caps));
+      d->path = Path::CudaPortable;
+      return plan_portable(d);
+    case RATTN_BACKEND_CUDA_SM90: {
       RATTN_RETURN_IF_ERROR(require_cuda("cuda_sm90", caps));
-      return not_supported("make_plan",
-                           "backend cuda_sm90 requested; the Hopper path is not part "
-                           "of this build; available: cuda_portable, cpu");
+      const std::string why = sm90_refusal(p, caps);
+      if (!why.empty()) {
+        return not_supported("make_plan", "backend cuda_sm90 requested, but ", why,
+                             "; available: cuda_portable, cpu");
+      }
+      return plan_sm90(d);
+    }
   }
   return invalid_value("make_plan", "backend=", int(p.backend), " is not a backend");
 }
@@ -131,6 +188,18 @@ Status choose_path(PlanData* d) {
 
 bool built_with_cuda() {
   return kBuiltWithCuda;
+}
+
+bool path_in_build(Path path) {
+  switch (path) {
+    case Path::Cpu:
+      return true;
+    case Path::CudaPortable:
+      return kBuiltWithCuda;
+    case Path::CudaSm90:
+      return kBuiltWithSm90;
+  }
+  return false;
 }
 
 const char* path_name(Path path) {
@@ -201,8 +270,8 @@ std::string Plan::describe() const {
                           " Hkv=", p.num_heads_kv, " D=", p.head_dim_qk, "/", p.head_dim_v);
   if (d.path != Path::Cpu) {
     s += str_cat(
-        " fwd[", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
-        d.fwd.smem_bytes / 1024, "KiB] bwd[", d.bwd.block_m, "x", d.bwd.block_n, " ", d.bwd.threads,
+        " fwd[", d.fwd.kernel, " ", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
+        d.fwd.smem_bytes / 1024, "KiB] bwd[", d.bwd.kernel, " ", d.bwd.block_m, "x", d.bwd.block_n, " ", d.bwd.threads,
         "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),

@@ -36,6 +36,7 @@ struct FwdWorkspace {
 
 // A kernel's launch shape, as chosen by the path.
 struct LaunchShape {
+  const char* kernel = "";  // which kernel family: "mma.sync" (portable) or "wgmma" (Hopper)
   int block_m = 0;
   int block_n = 0;
   int threads = 0;

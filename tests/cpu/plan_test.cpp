@@ -47,13 +47,83 @@ TEST(PlanPath, AutoWithoutCudaIsCpu) {
   EXPECT_EQ(plan.path(), Path::Cpu);
 }
 
-TEST(PlanPath, AutoWithCudaIsTheCudaPathWhereBuilt) {
+const bool kBuiltWithSm90 = path_in_build(Path::CudaSm90);
+
+DeviceCaps fake_ampere_caps() {
+  DeviceCaps c = fake_hopper_caps();
+  c.cc_major = 8;
+  c.cc_minor = 0;
+  c.num_sms = 108;
+  c.smem_per_block_optin = 166912;
+  return c;
+}
+
+TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
+  for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA}) {
+    Plan plan;
+    const Status s = make_plan(small_problem(b), fake_hopper_caps(), &plan);
+    if (!kBuiltWithCuda) {  // a CPU-only build has no CUDA path to choose, whatever the device
+      EXPECT_EQ(b == RATTN_BACKEND_AUTO, s.ok());
+      if (s.ok()) {
+        EXPECT_EQ(plan.path(), Path::Cpu);
+      }
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s.message();
+    // D = 128 on an sm_90 device: the Hopper path where built (its forward), else the portable.
+    if (kBuiltWithSm90) {
+      EXPECT_EQ(plan.path(), Path::CudaSm90);
+      EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
+      EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 256thr"));
+      EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+    } else {
+      EXPECT_EQ(plan.path(), Path::CudaPortable);
+    }
+  }
+}
+
+TEST(PlanPath, HopperPathOnlyWhereItTakesTheProblem) {
+  if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
+  // Head dims the Hopper kernels lack, an sm_80 device, or a forced portable backend: portable.
+  Problem d64 = small_problem(RATTN_BACKEND_AUTO);
+  d64.head_dim_qk = d64.head_dim_v = 64;
+  Problem d192 = small_problem(RATTN_BACKEND_AUTO);
+  d192.head_dim_qk = 192;
+  struct Case {
+    Problem p;
+    DeviceCaps caps;
+  };
+  for (const Case& c : {Case{d64, fake_hopper_caps()}, Case{d192, fake_hopper_caps()},
+                        Case{small_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
+                        Case{small_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
+    Plan plan;
+    ASSERT_TRUE(make_plan(c.p, c.caps, &plan).ok());
+    EXPECT_EQ(plan.path(), Path::CudaPortable) << plan.describe();
+    EXPECT_THAT(plan.describe(), HasSubstr("fwd[mma.sync "));
+  }
+}
+
+TEST(PlanPath, ForcedHopperPathSaysWhyNot) {
+  if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
+  Problem d64 = small_problem(RATTN_BACKEND_CUDA_SM90);
+  d64.head_dim_qk = d64.head_dim_v = 64;
   Plan plan;
-  ASSERT_TRUE(make_plan(small_problem(RATTN_BACKEND_AUTO), fake_hopper_caps(), &plan).ok());
-  // A CPU-only build has no CUDA path to choose, whatever the device.
-  EXPECT_EQ(plan.path(), kBuiltWithCuda ? Path::CudaPortable : Path::Cpu);
-  if (kBuiltWithCuda) {
-    EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_portable "));
+  Status s = make_plan(d64, fake_hopper_caps(), &plan);
+  EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_THAT(s.message(), HasSubstr("cuda_sm90"));
+  EXPECT_THAT(s.message(), HasSubstr("available: cuda_portable, cpu"));
+  if (kBuiltWithSm90) {
+    EXPECT_THAT(s.message(), HasSubstr("given head_dim_qk=64, head_dim_v=64"));
+    s = make_plan(small_problem(RATTN_BACKEND_CUDA_SM90), fake_ampere_caps(), &plan);
+    EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
+    EXPECT_THAT(s.message(), HasSubstr("compute capability 8.0"));
+    Problem fp32 = small_problem(RATTN_BACKEND_CUDA_SM90);
+    fp32.dtype = RATTN_DTYPE_FP32;
+    s = make_plan(fp32, fake_hopper_caps(), &plan);
+    EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
+    EXPECT_THAT(s.message(), HasSubstr("bf16 or fp16"));
+  } else {
+    EXPECT_THAT(s.message(), HasSubstr("not part of this build"));
   }
 }
 
@@ -80,11 +150,11 @@ TEST(PlanPath, ComputeCapability75IsRejected) {
   }
 }
 
-TEST(PlanPath, CudaSm90NotAvailableSaysWhatIs) {
+TEST(PlanPath, CudaSm90IsChosenWhenAskedForOrSaysWhatIs) {
   Plan plan;
   const Status s = make_plan(small_problem(RATTN_BACKEND_CUDA_SM90), fake_hopper_caps(), &plan);
-  if (s.ok()) {
-    // Once the Hopper path exists it must be the one chosen when asked for.
+  if (kBuiltWithSm90) {
+    ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(plan.path(), Path::CudaSm90);
     return;
   }
@@ -145,16 +215,21 @@ TEST(PlanWorkspace, OnePlanGivesSizeAndLayout) {
     expect_consistent_workspace(plan);
     GTEST_SKIP() << "CPU-only build: no CUDA plan, so no dQ scratch to size";
   }
-  for (bool det : {false, true}) {
-    for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
-      Problem p = small_problem(RATTN_BACKEND_CUDA_PORTABLE);
-      p.deterministic = det;
-      p.dq_accum = accum;
-      Plan plan;
-      const Status s = make_plan(p, fake_hopper_caps(), &plan);
-      ASSERT_TRUE(s.ok()) << s.message();
-      SCOPED_TRACE(plan.describe());
-      expect_consistent_workspace(plan);
+  // Every CUDA path of the build: the Hopper path's backward scratch is the portable one's.
+  std::vector<rattn_backend> backends{RATTN_BACKEND_CUDA_PORTABLE};
+  if (path_in_build(Path::CudaSm90)) backends.push_back(RATTN_BACKEND_CUDA_SM90);
+  for (rattn_backend backend : backends) {
+    for (bool det : {false, true}) {
+      for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
+        Problem p = small_problem(backend);
+        p.deterministic = det;
+        p.dq_accum = accum;
+        Plan plan;
+        const Status s = make_plan(p, fake_hopper_caps(), &plan);
+        ASSERT_TRUE(s.ok()) << s.message();
+        SCOPED_TRACE(plan.describe());
+        expect_consistent_workspace(plan);
+      }
     }
   }
 }
@@ -253,6 +328,13 @@ TEST(BuildInfo, BuiltWithCudaMatchesTheConfiguration) {
 #else
   EXPECT_FALSE(built_with_cuda());
   EXPECT_EQ(rattn_built_with_cuda(), 0);
+#endif
+  EXPECT_TRUE(path_in_build(Path::Cpu));
+  EXPECT_EQ(path_in_build(Path::CudaPortable), built_with_cuda());
+#ifdef RATTN_WITH_SM90
+  EXPECT_TRUE(path_in_build(Path::CudaSm90));
+#else
+  EXPECT_FALSE(path_in_build(Path::CudaSm90));
 #endif
 }
 

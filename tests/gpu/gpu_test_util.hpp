@@ -21,6 +21,12 @@ inline bool have_gpu() {
   return query_device(-1).cuda != 0;
 }
 
+// An sm_90 device and a build with the Hopper kernels.
+inline bool have_sm90() {
+  const DeviceCaps c = query_device(-1);
+  return c.cuda != 0 && c.cc_major == 9 && c.cc_minor == 0 && path_in_build(Path::CudaSm90);
+}
+
 #define RATTN_REQUIRE_GPU()                                                    \
   do {                                                                         \
     if (!::raggedattn::gpu_test::have_gpu()) GTEST_SKIP() << "no CUDA device"; \
