@@ -10,7 +10,7 @@ which is why they are generated rather than typed. Run from the repository root:
 # (name, n, a_from_registers, trans_b)
 OPS = [
     ("ss_m64n128k16", 128, False, 0),  # S = Q K^T: Q and K both K-major in shared memory
-    ("rs_m64n64k16_tb", 64, True, 1),  # O += P V: P in registers, V N-major in shared memory
+    ("rs_m64n128k16_tb", 128, True, 1),  # O += P V: P in registers, V N-major in shared memory
 ]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 

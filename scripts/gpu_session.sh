@@ -81,7 +81,8 @@ for s in $steps; do
       step pip_install 300 python3 -m pip install --no-build-isolation --no-deps "$repo" \
         -C cmake.define.RATTN_PYTHON_PREBUILT_LIBRARY="$build/src/libraggedattn.so" \
         -C cmake.define.RATTN_CUDA=OFF
-      step pytest 480 env -C /tmp python3 -m pytest -q -rs "$repo/tests/python" ;;
+      # PYTEST_ARGS (say -k "cuda or gpu") narrows the run.
+      step pytest 480 env -C /tmp python3 -m pytest -q -rs ${PYTEST_ARGS:-} "$repo/tests/python" ;;
     train)
       step train 540 python3 "$repo/examples/train_packed/train.py" --device cuda \
         --runs reference,raggedattn,raggedattn_dq_bf16,raggedattn_deterministic,raggedattn_dq_corrupt --out "$out/train" ;;

@@ -136,8 +136,8 @@ Status plan_sm90(PlanData* d) {
   d->fwd.kernel = "wgmma";
   d->fwd.block_m = sm90::kFwd.block_m;
   d->fwd.block_n = sm90::kFwd.block_n;
-  d->fwd.threads = sm90::kFwd.warpgroups * 128;
-  d->fwd.stages = 2;
+  d->fwd.threads = sm90::kFwdThreads;
+  d->fwd.stages = sm90::kFwd.stages;
   d->fwd.smem_bytes = sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes;
   d->fwd.tiles = RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m);
   if (d->fwd.smem_bytes > size_t(d->caps.smem_per_block_optin)) {

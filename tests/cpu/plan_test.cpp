@@ -74,7 +74,7 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
     if (kBuiltWithSm90) {
       EXPECT_EQ(plan.path(), Path::CudaSm90);
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
-      EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 256thr"));
+      EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
       EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
     } else {
       EXPECT_EQ(plan.path(), Path::CudaPortable);

@@ -3,8 +3,10 @@
 // Plain C++ (constexpr, host+device): the Plan sizes launches from these functions and the kernels
 // lay out shared memory with the very same ones.
 //
-// Forward: a CTA owns block_m = 128 query rows of one head, as two warpgroups of 64 rows (the M of
-// one wgmma), and streams block_n = 128 keys per step through a two-stage K/V ring. Every tile is
+// Forward: a CTA owns block_m = 128 query rows of one head. Warp-specialized: one producer
+// warpgroup copies Q once and K/V tiles of block_n = 128 keys into a three-stage ring (cp.async,
+// mbarrier hand-off); two consumer warpgroups own 64 query rows each (the M of one wgmma) and run
+// the products and the softmax, each at its own pace. Every tile is
 // stored in the layout wgmma reads with 128-byte swizzling: the head dim is cut into panels of 64
 // elements (128 bytes); a panel holds all rows of the tile, 128 bytes per row, with the 16-byte
 // chunks of row r permuted by chunk ^ (r % 8).
@@ -20,10 +22,16 @@ namespace sm90 {
 struct FwdConfig {
   int block_m;
   int block_n;
-  int warpgroups;
+  int consumers;  // consumer warpgroups (64 query rows each)
+  int stages;     // K/V ring depth
+  int producer_regs, consumer_regs;  // registers per thread after reallocation
 };
 
-constexpr FwdConfig kFwd{128, 128, 2};
+constexpr FwdConfig kFwd{128, 128, 2, 3, 40, 232};
+constexpr int kFwdThreads = (kFwd.consumers + 1) * 128;
+static_assert(kFwd.block_m == 64 * kFwd.consumers, "one wgmma M per consumer warpgroup");
+static_assert(128 * kFwd.producer_regs + 128 * kFwd.consumers * kFwd.consumer_regs <= 65536,
+              "register file");
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
@@ -41,6 +49,7 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 struct FwdSmem {
   size_t q, k, v;     // byte offsets from the 1024-aligned base
   size_t k_stage, v_stage;
+  size_t bars;        // mbarriers: Q full, then full[stages], empty[stages]
   size_t bytes;       // dynamic shared memory to request (alignment slack included)
 };
 RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
@@ -49,8 +58,9 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
   s.v_stage = tile_bytes(kFwd.block_n, dv);
   s.q = 0;
   s.k = s.q + tile_bytes(kFwd.block_m, dqk);
-  s.v = s.k + 2 * s.k_stage;
-  s.bytes = s.v + 2 * s.v_stage + kSmemAlign;
+  s.v = s.k + kFwd.stages * s.k_stage;
+  s.bars = s.v + kFwd.stages * s.v_stage;
+  s.bytes = s.bars + (1 + 2 * kFwd.stages) * 8 + kSmemAlign;
   return s;
 }
 

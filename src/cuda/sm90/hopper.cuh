@@ -19,11 +19,13 @@ __device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int chunk
 
 // wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"):
 // bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension
-// byte offset >> 4, 62-63 swizzle mode (1 = 128B). The stride between 8-row groups is 1024
-// bytes in every tile here. K-major operands (the reduction dim contiguous) never cross a panel
-// inside one instruction, so their leading offset is unused (1, as conventional); the N-major
-// operand (V) is read 64 columns = one panel per instruction, so its leading offset (the panel
-// stride) is unused too, and both offsets are given as the 8-row stride.
+// byte offset >> 4, 62-63 swizzle mode (1 = 128B). In the canonical 128B-swizzled layouts, in
+// 16-byte units (CUTLASS's make_gmma_desc states them the same way):
+//   K-major  ((8 rows, m), (8 chunks, k)) : ((8, SBO), (1, -))   one instruction's K (16
+//            elements = 32 bytes) stays inside a row's 128 bytes; the leading offset is unused (1);
+//   MN-major ((8 chunks, n), (8 rows, k)) : ((1, LBO), (8, SBO)) 64 contiguous elements of N per
+//            row, the next 64 at LBO (our panel stride), the next 8 rows of K at SBO.
+// Every tile here advances 8 rows in 1024 bytes.
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr, uint32_t lead_bytes) {
   uint64_t d = 0;
   d |= uint64_t((smem_byte_addr & 0x3FFFF) >> 4);
@@ -35,8 +37,9 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr, uint32_t
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
   return desc_sw128(addr, 16);
 }
-__device__ __forceinline__ uint64_t desc_n_major(uint32_t addr) {
-  return desc_sw128(addr, 1024);
+// `panel_bytes`: the distance between the tile's 64-column panels (rows x 128 bytes).
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t panel_bytes) {
+  return desc_sw128(addr, panel_bytes);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -55,6 +58,39 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// mbarrier (shared memory, CTA scope): a phase completes when `count` arrivals have happened.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(portable::smem_addr(bar)),
+               "r"(count));
+}
+// Arrival with release semantics: this thread's earlier writes are visible to whoever completes
+// a wait on the phase.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+          portable::smem_addr(bar))
+      : "memory");
+}
+// Waits until the phase of parity `parity` has completed (acquire).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(portable::smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Warpgroup register reallocation: producers give registers back, consumers take them.
+template <int N>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // Keeps the accumulator registers in place across the asynchronous wgmma (the compiler must not
 // move or reuse them between issue and wait).
 template <int NF>
@@ -66,7 +102,8 @@ __device__ __forceinline__ void pin(float (&d)[NF][4]) {
 }
 
 // Copies rows [0, ROWS) of a [tokens, heads, DIM] tile (head fixed) into the swizzled panel
-// layout at `smem`; rows at or past `valid` are zero-filled. All THREADS threads take part.
+// layout at `smem`; rows at or past `valid` are zero-filled. Threads tid = 0 .. THREADS-1 take
+// part.
 template <int ROWS, int DIM, int THREADS, class T>
 __device__ __forceinline__ void load_tile_sw128(unsigned char* smem, const T* gmem_row0,
                                                 int64_t token_stride, int valid, int tid) {
