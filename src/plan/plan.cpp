@@ -162,9 +162,12 @@ Status choose_path(PlanData* d) {
       }
       [[fallthrough]];
     case RATTN_BACKEND_CUDA:
-      // The best CUDA path that takes the problem: Hopper where it can, portable otherwise.
+      // The best CUDA path for the problem: Hopper where it takes it and is measured faster
+      // (segments long enough, sm90::kAutoMinSeqlenKv), portable otherwise.
       RATTN_RETURN_IF_ERROR(require_cuda("cuda", caps));
-      if (sm90_refusal(p, caps).empty()) return plan_sm90(d);
+      if (sm90_refusal(p, caps).empty() && p.max_seqlen_kv >= sm90::kAutoMinSeqlenKv) {
+        return plan_sm90(d);
+      }
       d->path = Path::CudaPortable;
       return plan_portable(d);
     case RATTN_BACKEND_CUDA_PORTABLE:

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/sm90/config.hpp"
 #include "plan/plan_data.hpp"
 #include "test_util.hpp"
 
@@ -58,10 +59,18 @@ DeviceCaps fake_ampere_caps() {
   return c;
 }
 
+Problem long_problem(rattn_backend backend) {
+  Problem p = small_problem(backend);
+  p.batch = 2;
+  p.total_q = p.total_kv = 6000;
+  p.max_seqlen_q = p.max_seqlen_kv = 4096;
+  return p;
+}
+
 TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA}) {
     Plan plan;
-    const Status s = make_plan(small_problem(b), fake_hopper_caps(), &plan);
+    const Status s = make_plan(long_problem(b), fake_hopper_caps(), &plan);
     if (!kBuiltWithCuda) {  // a CPU-only build has no CUDA path to choose, whatever the device
       EXPECT_EQ(b == RATTN_BACKEND_AUTO, s.ok());
       if (s.ok()) {
@@ -70,7 +79,8 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       continue;
     }
     ASSERT_TRUE(s.ok()) << s.message();
-    // D = 128 on an sm_90 device: the Hopper path where built (its forward), else the portable.
+    // D = 128, segments of 4096 on an sm_90 device: the Hopper path where built (its forward),
+    // else the portable.
     if (kBuiltWithSm90) {
       EXPECT_EQ(plan.path(), Path::CudaSm90);
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
@@ -84,18 +94,22 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
 
 TEST(PlanPath, HopperPathOnlyWhereItTakesTheProblem) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
-  // Head dims the Hopper kernels lack, an sm_80 device, or a forced portable backend: portable.
-  Problem d64 = small_problem(RATTN_BACKEND_AUTO);
+  // Head dims the Hopper kernels lack, an sm_80 device, a forced portable backend, or segments
+  // shorter than sm90::kAutoMinSeqlenKv (the portable forward measured faster there): portable.
+  Problem d64 = long_problem(RATTN_BACKEND_AUTO);
   d64.head_dim_qk = d64.head_dim_v = 64;
-  Problem d192 = small_problem(RATTN_BACKEND_AUTO);
+  Problem d192 = long_problem(RATTN_BACKEND_AUTO);
   d192.head_dim_qk = 192;
+  Problem short_docs = long_problem(RATTN_BACKEND_AUTO);
+  short_docs.max_seqlen_q = short_docs.max_seqlen_kv = sm90::kAutoMinSeqlenKv - 1;
   struct Case {
     Problem p;
     DeviceCaps caps;
   };
   for (const Case& c : {Case{d64, fake_hopper_caps()}, Case{d192, fake_hopper_caps()},
-                        Case{small_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
-                        Case{small_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
+                        Case{short_docs, fake_hopper_caps()},
+                        Case{long_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
+                        Case{long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
     Plan plan;
     ASSERT_TRUE(make_plan(c.p, c.caps, &plan).ok());
     EXPECT_EQ(plan.path(), Path::CudaPortable) << plan.describe();
