@@ -9,8 +9,10 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "raggedattn/raggedattn.hpp"
+#include "verify/case_spec.hpp"
 #include "verify/report.hpp"
 #include "verify/runner.hpp"
 
@@ -47,6 +49,52 @@ inline std::string table(const verify::CaseReport& r) {
   std::ostringstream os;
   verify::print_case(os, r);
   return os.str();
+}
+
+// One parameter of a named-suite test: the case and its test-name label.
+struct SuiteParam {
+  verify::CaseSpec spec;
+  std::string label;
+};
+struct Variant {
+  const char* tag;
+  rattn_dtype dtype;
+  rattn_dq_accum accum;
+  bool deterministic;
+};
+
+// The named suite (Hq = 32, Hkv = 8) on `backend`, each configuration `keep` accepts crossed with
+// every variant; labels are "<config>__<variant tag>".
+template <class Keep>
+std::vector<SuiteParam> named_variants(rattn_backend backend, const std::vector<Variant>& variants,
+                                       Keep keep) {
+  std::vector<SuiteParam> out;
+  for (const verify::CaseSpec& base : verify::named_suite(32, 8)) {
+    if (!keep(base)) continue;
+    for (const Variant& v : variants) {
+      verify::CaseSpec s = base;
+      s.backend = backend;
+      s.dtype = v.dtype;
+      s.dq_accum = v.accum;
+      s.deterministic = v.deterministic;
+      out.push_back({s, base.name + "__" + v.tag});
+    }
+  }
+  return out;
+}
+
+// Runs one case on a fresh seed and expects every segment to pass on a plan whose description
+// contains `path_part`; deterministic cases must also repeat bitwise.
+inline void expect_case_passes(const verify::CaseSpec& spec, const char* path_part) {
+  verify::RunOptions opt;
+  opt.seed = run_seed();
+  const verify::CaseReport r = verify::run_case(spec, opt);
+  EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << table(r);
+  EXPECT_EQ(r.status, RATTN_SUCCESS) << r.stage << ": " << r.error;
+  EXPECT_NE(r.path.find(path_part), std::string::npos) << r.path;
+  if (spec.deterministic) {
+    EXPECT_EQ(r.nondeterministic, 0);
+  }
 }
 
 }  // namespace gpu_test

@@ -15,48 +15,23 @@ namespace {
 
 using verify::CaseSpec;
 
-struct SuiteParam {
-  CaseSpec spec;
-  std::string label;
-};
+using gpu_test::SuiteParam;
 
 std::vector<SuiteParam> suite_params() {
-  std::vector<SuiteParam> out;
-  for (const CaseSpec& base : verify::named_suite(32, 8)) {
-    struct Variant {
-      const char* tag;
-      rattn_dtype dtype;
-      rattn_dq_accum accum;
-      bool deterministic;
-    } variants[] = {{"bf16_dq_fp32", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, false},
-                    {"bf16_dq_bf16", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_BF16, false},
-                    {"fp16_dq_fp32", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_FP32, false},
-                    {"bf16_deterministic", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, true}};
-    for (const Variant& v : variants) {
-      CaseSpec s = base;
-      s.backend = RATTN_BACKEND_CUDA_PORTABLE;
-      s.dtype = v.dtype;
-      s.dq_accum = v.accum;
-      s.deterministic = v.deterministic;
-      out.push_back({s, base.name + "__" + v.tag});
-    }
-  }
-  return out;
+  return gpu_test::named_variants(
+      RATTN_BACKEND_CUDA_PORTABLE,
+      {{"bf16_dq_fp32", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, false},
+       {"bf16_dq_bf16", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_BF16, false},
+       {"fp16_dq_fp32", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_FP32, false},
+       {"bf16_deterministic", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, true}},
+      [](const CaseSpec&) { return true; });
 }
 
 class NamedSuite : public ::testing::TestWithParam<SuiteParam> {};
 
 TEST_P(NamedSuite, EverySegmentMatchesTheReference) {
   RATTN_REQUIRE_GPU();
-  verify::RunOptions opt;
-  opt.seed = gpu_test::run_seed();
-  const verify::CaseReport r = verify::run_case(GetParam().spec, opt);
-  EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << gpu_test::table(r);
-  EXPECT_EQ(r.status, RATTN_SUCCESS) << r.stage << ": " << r.error;
-  EXPECT_NE(r.path.find("cuda_portable"), std::string::npos) << r.path;
-  if (GetParam().spec.deterministic) {
-    EXPECT_EQ(r.nondeterministic, 0);
-  }
+  gpu_test::expect_case_passes(GetParam().spec, "cuda_portable");
 }
 
 INSTANTIATE_TEST_SUITE_P(Portable, NamedSuite, ::testing::ValuesIn(suite_params()),

@@ -21,44 +21,22 @@ using verify::CaseSpec;
     if (!::raggedattn::gpu_test::have_sm90()) GTEST_SKIP() << "no sm_90 device or kernels"; \
   } while (0)
 
-struct SuiteParam {
-  CaseSpec spec;
-  std::string label;
-};
+using gpu_test::SuiteParam;
 
 std::vector<SuiteParam> suite_params() {
-  std::vector<SuiteParam> out;
-  for (const CaseSpec& base : verify::named_suite(32, 8)) {
-    if (base.dqk != 128 || base.dv != 128) continue;  // the Hopper kernels' head dims
-    struct Variant {
-      const char* tag;
-      rattn_dtype dtype;
-      rattn_dq_accum accum;
-    } variants[] = {{"bf16_dq_fp32", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32},
-                    {"bf16_dq_bf16", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_BF16},
-                    {"fp16_dq_fp32", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_FP32}};
-    for (const Variant& v : variants) {
-      CaseSpec s = base;
-      s.backend = RATTN_BACKEND_CUDA_SM90;
-      s.dtype = v.dtype;
-      s.dq_accum = v.accum;
-      out.push_back({s, base.name + "__" + v.tag});
-    }
-  }
-  return out;
+  return gpu_test::named_variants(
+      RATTN_BACKEND_CUDA_SM90,
+      {{"bf16_dq_fp32", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, false},
+       {"bf16_dq_bf16", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_BF16, false},
+       {"fp16_dq_fp32", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_FP32, false}},
+      [](const CaseSpec& c) { return c.dqk == 128 && c.dv == 128; });  // its head dims
 }
 
 class HopperSuite : public ::testing::TestWithParam<SuiteParam> {};
 
 TEST_P(HopperSuite, EverySegmentMatchesTheReference) {
   RATTN_REQUIRE_SM90();
-  verify::RunOptions opt;
-  opt.seed = gpu_test::run_seed();
-  const verify::CaseReport r = verify::run_case(GetParam().spec, opt);
-  EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << gpu_test::table(r);
-  EXPECT_EQ(r.status, RATTN_SUCCESS) << r.stage << ": " << r.error;
-  EXPECT_NE(r.path.find("cuda_sm90"), std::string::npos) << r.path;
-  EXPECT_NE(r.path.find("fwd[wgmma"), std::string::npos) << r.path;
+  gpu_test::expect_case_passes(GetParam().spec, "fwd[wgmma");
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
