@@ -89,7 +89,7 @@ typedef struct rattn_problem {
   rattn_dtype dtype;
   rattn_strides q, k, v, o, d_o, dq, dk, dv;
   /* math */
-  float softmax_scale; /* <= 0: 1 / sqrt(head_dim_qk) */
+  float softmax_scale; /* 0: 1 / sqrt(head_dim_qk); negative or non-finite: an error */
   float softcap;       /* 0: off; else scores = softcap * tanh(scale * q.k / softcap) */
   rattn_mask mask;
   rattn_alignment alignment;

@@ -81,10 +81,11 @@ Status resolve_problem(const Problem& in, Problem* out) {
   if (p.dtype != RATTN_DTYPE_BF16 && p.dtype != RATTN_DTYPE_FP16 && p.dtype != RATTN_DTYPE_FP32) {
     return invalid_value(w, "dtype=", int(p.dtype), "; supported: bf16, fp16 (and fp32 on cpu)");
   }
-  if (!std::isfinite(p.softmax_scale)) {
-    return invalid_value(w, "softmax_scale=", p.softmax_scale, "; must be finite");
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.f) {
+    return invalid_value(w, "softmax_scale=", p.softmax_scale,
+                         "; need a finite positive scale, or 0 for 1/sqrt(head_dim_qk)");
   }
-  if (p.softmax_scale <= 0.f) p.softmax_scale = 1.0f / std::sqrt(float(p.head_dim_qk));
+  if (p.softmax_scale == 0.f) p.softmax_scale = 1.0f / std::sqrt(float(p.head_dim_qk));
   if (!std::isfinite(p.softcap) || p.softcap < 0.f) {
     return invalid_value(w, "softcap=", p.softcap, "; need 0 (off) or a finite positive cap");
   }

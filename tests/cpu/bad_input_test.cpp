@@ -1,5 +1,6 @@
 // Bad inputs through the C API and the C++ API: each is rejected with a non-zero status and a
 // message naming what was wrong, nothing crashes, and no output is written.
+#include <cmath>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -164,6 +165,24 @@ TEST(BadInputs, MisalignedStrides) {
 TEST(BadInputs, NegativeWindow) {
   expect_rejected(plan_with([](Problem* p) { p->window_left = -2; }), RATTN_ERROR_INVALID_VALUE,
                   {"window=(-2", "-1 (unbounded) or >= 0"});
+}
+
+TEST(BadInputs, NegativeOrNonFiniteSoftmaxScale) {
+  // A negative scale was once read as "the default": now it is an error that says so.
+  expect_rejected(plan_with([](Problem* p) { p->softmax_scale = -0.125f; }),
+                  RATTN_ERROR_INVALID_VALUE, {"softmax_scale=-0.125", "0 for 1/sqrt(head_dim_qk)"});
+  expect_rejected(plan_with([](Problem* p) { p->softmax_scale = INFINITY; }),
+                  RATTN_ERROR_INVALID_VALUE, {"softmax_scale=inf", "finite positive"});
+  // 0 means the default, a positive value is taken as given.
+  Plan plan;
+  Call s;
+  Problem p = s.problem();
+  p.softmax_scale = 0.f;
+  ASSERT_TRUE(make_plan(p, cpu_caps(), &plan).ok());
+  EXPECT_FLOAT_EQ(plan.problem().softmax_scale, 1.0f / std::sqrt(float(p.head_dim_qk)));
+  p.softmax_scale = 0.3f;
+  ASSERT_TRUE(make_plan(p, cpu_caps(), &plan).ok());
+  EXPECT_FLOAT_EQ(plan.problem().softmax_scale, 0.3f);
 }
 
 TEST(BadInputs, CausalWithWindowRight) {
