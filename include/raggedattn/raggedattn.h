@@ -144,6 +144,7 @@ typedef struct rattn_plan rattn_plan;
 typedef enum rattn_direction { RATTN_FORWARD = 0, RATTN_BACKWARD = 1 } rattn_direction;
 
 typedef enum rattn_path {
+  RATTN_PATH_NONE = 0, /* no plan (rattn_plan_path(NULL)) */
   RATTN_PATH_CPU = 1,
   RATTN_PATH_CUDA_PORTABLE = 3,
   RATTN_PATH_CUDA_SM90 = 4
@@ -169,6 +170,7 @@ RATTN_API rattn_status rattn_plan_create(const rattn_problem* problem,
 RATTN_API void rattn_plan_destroy(rattn_plan* plan);
 RATTN_API rattn_status rattn_plan_workspace_size(const rattn_plan* plan, rattn_direction dir,
                                                  size_t* bytes);
+/* The path the plan chose; RATTN_PATH_NONE for a null plan. */
 RATTN_API rattn_path rattn_plan_path(const rattn_plan* plan);
 /* A one-line description of the chosen path and tiles; written NUL-terminated, truncated to size.
  */

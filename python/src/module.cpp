@@ -44,6 +44,8 @@ nb::object raise(const Status& s) {
 
 const char* path_name(rattn_path path) {
   switch (path) {
+    case RATTN_PATH_NONE:
+      return "none";
     case RATTN_PATH_CPU:
       return "cpu";
     case RATTN_PATH_CUDA_PORTABLE:

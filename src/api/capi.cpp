@@ -112,7 +112,7 @@ rattn_status rattn_plan_workspace_size(const rattn_plan* plan, rattn_direction d
 }
 
 rattn_path rattn_plan_path(const rattn_plan* plan) {
-  return plan ? static_cast<rattn_path>(plan->plan.path()) : RATTN_PATH_CPU;
+  return plan ? static_cast<rattn_path>(plan->plan.path()) : RATTN_PATH_NONE;
 }
 
 rattn_status rattn_plan_describe(const rattn_plan* plan, char* buffer, size_t size) {

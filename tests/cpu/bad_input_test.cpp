@@ -228,6 +228,8 @@ TEST(BadInputs, NullProblemOrPlanPointer) {
   EXPECT_EQ(rattn_plan_workspace_size(nullptr, RATTN_FORWARD, &bytes), RATTN_ERROR_INVALID_VALUE);
   EXPECT_EQ(rattn_forward(nullptr, nullptr, nullptr, 0, nullptr), RATTN_ERROR_INVALID_VALUE);
   EXPECT_THAT(rattn_last_error(), HasSubstr("must not be null"));
+  // No plan has no path (it used to answer "cpu").
+  EXPECT_EQ(rattn_plan_path(nullptr), RATTN_PATH_NONE);
 }
 
 // Run-time rejections: a valid plan, a bad call, through both APIs; outputs keep the sentinel.
