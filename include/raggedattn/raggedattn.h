@@ -155,6 +155,8 @@ RATTN_API const char* rattn_version(void);
 RATTN_API int rattn_built_with_cuda(void);
 RATTN_API const char* rattn_last_error(void);
 RATTN_API const char* rattn_status_name(rattn_status);
+/* "cpu", "cuda_portable", "cuda_sm90" (the names the backends are requested by), "none". */
+RATTN_API const char* rattn_path_name(rattn_path);
 
 /* Defaults: bf16, mask none, top-left, no window, no softcap, fp32 dQ accumulation, contiguous
  * strides, backend auto. Shapes and segment counts are zero and must be set. */

@@ -42,20 +42,6 @@ nb::object raise(const Status& s) {
   return nb::object();
 }
 
-const char* path_name(rattn_path path) {
-  switch (path) {
-    case RATTN_PATH_NONE:
-      return "none";
-    case RATTN_PATH_CPU:
-      return "cpu";
-    case RATTN_PATH_CUDA_PORTABLE:
-      return "cuda_portable";
-    case RATTN_PATH_CUDA_SM90:
-      return "cuda_sm90";
-  }
-  return "unknown";
-}
-
 using Strides = std::tuple<int64_t, int64_t>;
 
 // (token, head) element strides of one tensor of the problem, as a Python property.
@@ -136,7 +122,7 @@ NB_MODULE(_C, m) {
             return p.plan->workspace_bytes(static_cast<rattn_direction>(direction));
           },
           nb::arg("direction"))
-      .def_prop_ro("path", [](const PyPlan& p) { return path_name(p.plan->path()); })
+      .def_prop_ro("path", [](const PyPlan& p) { return rattn_path_name(p.plan->path()); })
       .def("describe", [](const PyPlan& p) { return p.plan->describe(); })
       .def(
           "forward",

@@ -47,6 +47,10 @@ const char* rattn_last_error(void) {
   return g_last_error.c_str();
 }
 
+const char* rattn_path_name(rattn_path p) {
+  return p == RATTN_PATH_NONE ? "none" : raggedattn::path_name(static_cast<raggedattn::Path>(p));
+}
+
 const char* rattn_status_name(rattn_status s) {
   switch (s) {
     case RATTN_SUCCESS:

@@ -230,6 +230,12 @@ TEST(BadInputs, NullProblemOrPlanPointer) {
   EXPECT_THAT(rattn_last_error(), HasSubstr("must not be null"));
   // No plan has no path (it used to answer "cpu").
   EXPECT_EQ(rattn_plan_path(nullptr), RATTN_PATH_NONE);
+  EXPECT_STREQ(rattn_path_name(RATTN_PATH_NONE), "none");
+  // The C names are the C++ ones.
+  for (Path path : {Path::Cpu, Path::CudaPortable, Path::CudaSm90}) {
+    EXPECT_STREQ(rattn_path_name(static_cast<rattn_path>(path)), path_name(path));
+  }
+  EXPECT_STREQ(rattn_path_name(RATTN_PATH_CUDA_SM90), "cuda_sm90");
 }
 
 // Run-time rejections: a valid plan, a bad call, through both APIs; outputs keep the sentinel.

@@ -59,3 +59,16 @@ def test_extension_exports_only_its_init():
     out = subprocess.run([nm, "-D", "--defined-only", ext], check=True, capture_output=True,
                          text=True).stdout
     assert [line.split()[-1] for line in out.splitlines()] == ["PyInit__C"]
+
+
+def test_plan_reports_its_path_by_the_library_name():
+    from raggedattn import _C
+
+    p = _C.Problem()
+    p.batch = 1
+    p.total_q = p.total_kv = p.max_seqlen_q = p.max_seqlen_kv = 8
+    p.num_heads_q = p.num_heads_kv = 1
+    p.head_dim_qk = p.head_dim_v = 64
+    p.dtype = _C.DTYPE_FP32
+    p.backend = _C.BACKEND_CPU
+    assert _C.get_plan(p, -1).path == "cpu"
