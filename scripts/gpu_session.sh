@@ -52,12 +52,12 @@ for s in $steps; do
       # deterministic mode under memcheck, racecheck on the shared-memory hand-offs.
       for mode in fp32 bf16 deterministic portable; do
         case $mode in
-          fp32|bf16) args="--dq-accum $mode" ;;
-          deterministic) args="--deterministic" ;;
+          fp32|bf16) args="--backend cuda --dq-accum $mode" ;;
+          deterministic) args="--backend cuda --deterministic" ;;
           portable) args="--backend cuda_portable" ;;
         esac
         step "memcheck_$mode" 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
-          "$cli" check --backend cuda --heads 4/2 $args
+          "$cli" check --heads 4/2 $args
       done
       step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$cli" check --backend cuda --heads 2/1
