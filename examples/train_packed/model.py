@@ -69,8 +69,8 @@ class _CorruptDq(torch.autograd.Function):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads, impl, dq_accum="fp32", attn_dtype=None,
-                 corrupt_dq=False, deterministic=False):
+    def __init__(self, dim, n_heads, n_kv_heads, impl="raggedattn", dq_accum="fp32",
+                 attn_dtype=None, corrupt_dq=False, deterministic=False):
         super().__init__()
         self.h, self.hkv, self.d = n_heads, n_kv_heads, dim // n_heads
         self.wq = nn.Linear(dim, n_heads * self.d, bias=False)
@@ -100,12 +100,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype, corrupt_dq,
-                 deterministic):
+    def __init__(self, dim, n_heads, n_kv_heads, hidden, **attn):
         super().__init__()
         self.attn_norm, self.mlp_norm = RMSNorm(dim), RMSNorm(dim)
-        self.attn = Attention(dim, n_heads, n_kv_heads, impl, dq_accum, attn_dtype, corrupt_dq,
-                              deterministic)
+        self.attn = Attention(dim, n_heads, n_kv_heads, **attn)
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
@@ -117,14 +115,13 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, vocab, dim=256, layers=4, n_heads=4, n_kv_heads=2, impl="raggedattn",
-                 dq_accum="fp32", attn_dtype=None, corrupt_dq=False, deterministic=False):
+    def __init__(self, vocab, dim=256, layers=4, n_heads=4, n_kv_heads=2, **attn):
+        """attn: the options of every layer's Attention (impl, dq_accum, attn_dtype, ...)."""
         super().__init__()
         hidden = int(8 * dim / 3 / 64 + 0.999) * 64
         self.embed = nn.Embedding(vocab, dim)
         self.blocks = nn.ModuleList(
-            Block(dim, n_heads, n_kv_heads, hidden, impl, dq_accum, attn_dtype, corrupt_dq,
-                  deterministic) for _ in range(layers))
+            Block(dim, n_heads, n_kv_heads, hidden, **attn) for _ in range(layers))
         self.norm = RMSNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         for m in self.modules():
