@@ -47,7 +47,6 @@ RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
 }
 
 constexpr int kSwizzleBytes = 128;  // one panel row
-constexpr int kPanelElems = 64;     // 16-bit elements per panel row
 constexpr size_t kSmemAlign = 1024;  // a swizzle atom: 8 rows x 128 bytes
 
 RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {

@@ -23,10 +23,6 @@
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_ops.hpp"
 
-#ifndef RATTN_SM90_TURNS
-#define RATTN_SM90_TURNS 1
-#endif
-
 namespace raggedattn {
 namespace sm90 {
 
