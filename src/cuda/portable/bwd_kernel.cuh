@@ -54,7 +54,9 @@ __device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF
 
 // Adds one fragment row-pair of a dQ tile into the scratch. Deterministic mode has the CTA hold
 // the tile's lock, so plain read-modify-write is race free; __ldcg skips a possibly stale L1.
-template <int NF>
+// The 16-bit scratch is always in the input's own format (the Plan's AccumType), so a kernel
+// instance for T compiles two accumulation paths, not three.
+template <class T, int NF>
 __device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float (&dq)[NF][4],
                                                  int b, const Segment& seg, int h, int row,
                                                  int col0, int half, bool ordered) {
@@ -77,11 +79,9 @@ __device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float
 #endif
       }
     }
-  } else if (p.dq_accum.type == AccumType::BF16) {
-    add_16bit_pairs<__nv_bfloat162>(static_cast<__nv_bfloat16*>(p.dq_accum_ptr) + off, dq, half,
-                                    ordered);
   } else {
-    add_16bit_pairs<__half2>(static_cast<__half*>(p.dq_accum_ptr) + off, dq, half, ordered);
+    add_16bit_pairs<typename MmaType<T>::Pair>(static_cast<T*>(p.dq_accum_ptr) + off, dq, half,
+                                               ordered);
   }
 }
 
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       for (int half = 0; half < 2; ++half) {
         const int i = m0 + dq_row0 + mf * 16 + lane / 4 + 8 * half;
         if (i < seg.len_q) {
-          add_dq_fragments(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
+          add_dq_fragments<T>(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
         }
       }
     if (ordered) {
