@@ -7,15 +7,20 @@ which is why they are generated rather than typed. Run from the repository root:
     python3 scripts/gen_wgmma.py > src/cuda/sm90/wgmma_ops.hpp
 """
 
-# (name, n, a_from_registers, trans_b)
+# (name, n, a_from_registers, trans_a, trans_b)
 OPS = [
-    ("ss_m64n128k16", 128, False, 0),  # S = Q K^T: Q and K both K-major in shared memory
-    ("rs_m64n128k16_tb", 128, True, 1),  # O += P V: P in registers, V N-major in shared memory
+    # forward S = Q K^T; backward S^T = K Q^T, dP^T = V dO^T (N = 64 queries): both K-major
+    ("ss_m64n128k16", 128, False, 0, 0),
+    ("ss_m64n64k16", 64, False, 0, 0),
+    # forward O += P V; backward dV += P^T dO, dK += dS^T Q: A in registers, B N-major
+    ("rs_m64n128k16_tb", 128, True, 0, 1),
+    # backward dQ = dS K: dS from dS^T ([key][query], M-major), K N-major
+    ("ss_m64n64k16_tab", 64, False, 1, 1),
 ]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
 
-def op(name, n, rs, trans_b, ctype, ptype):
+def op(name, n, rs, trans_a, trans_b, ctype, ptype):
     nacc = n // 2
     frags = n // 8
     acc = ",".join(f"%{i}" for i in range(nacc))
@@ -30,7 +35,7 @@ def op(name, n, rs, trans_b, ctype, ptype):
         a = f"%{nacc}"
         b = f"%{nacc + 1}"
         scale = nacc + 2
-        tail = f"p, 1, 1, 0, {trans_b}"
+        tail = f"p, 1, 1, {trans_a}, {trans_b}"
         ins = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
         sig = "uint64_t desc_a, uint64_t desc_b"
     outs = ", ".join(f'"+f"(d[{j}][{e}])' for j in range(frags) for e in range(4))
@@ -51,11 +56,11 @@ def main():
     print("// mma.m16n8 per warp (rows 16 * warp_in_group + lane / 4 (+8), columns 8j + 2 (lane % 4) + e).")
     print("#pragma once\n\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n\n#include <cstdint>\n")
     print("namespace raggedattn {\nnamespace sm90 {\n")
-    for name, n, rs, tb in OPS:
+    for name, n, rs, ta, tb in OPS:
         sig = "const uint32_t (&a)[4], uint64_t desc_b" if rs else "uint64_t desc_a, uint64_t desc_b"
         print(f"template <class T>\n__device__ __forceinline__ void {name}(float (&d)[{n // 8}][4], {sig}, int scale_d);\n")
         for ctype, ptype in TYPES:
-            print(op(name, n, rs, tb, ctype, ptype))
+            print(op(name, n, rs, ta, tb, ctype, ptype))
     print("}  // namespace sm90\n}  // namespace raggedattn")
 
 

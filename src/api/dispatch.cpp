@@ -71,7 +71,7 @@ Status backward(const Plan& plan, const BwdTensors& t, void* workspace, size_t w
 #endif
     case Path::CudaSm90:
 #ifdef RATTN_WITH_SM90
-      return cuda::portable_backward(d, t, workspace, stream);  // the Hopper path's backward
+      return cuda::sm90_backward(d, t, workspace, stream);
 #else
       break;
 #endif

@@ -10,8 +10,9 @@ DeviceCaps query_device(int device);
 
 Status portable_forward(const PlanData& plan, const FwdTensors& t, void* workspace, void* stream);
 Status portable_backward(const PlanData& plan, const BwdTensors& t, void* workspace, void* stream);
-// The Hopper path's forward (wgmma); its backward is the portable one.
+// The Hopper path (wgmma, sm_90a builds only).
 Status sm90_forward(const PlanData& plan, const FwdTensors& t, void* workspace, void* stream);
+Status sm90_backward(const PlanData& plan, const BwdTensors& t, void* workspace, void* stream);
 
 // Copies `count` int32 values from device memory (synchronizing `stream`), for the debug check.
 Status copy_to_host(const int32_t* device_ptr, int64_t count, int32_t* host, void* stream);

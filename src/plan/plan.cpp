@@ -51,8 +51,32 @@ Status require_cuda(const char* what, const DeviceCaps& caps) {
   return Status::Ok();
 }
 
-// The portable path: every supported shape on sm80+, given the shared memory.
-Status plan_portable(PlanData* d) {
+// The backward's scratch, sized from the launch shapes the path chose (d->bwd). The dQ layout made
+// here is the one the main and the post kernels address; the lock count follows the main kernel's
+// query tile.
+void plan_bwd_workspace(PlanData* d) {
+  const Problem& p = d->problem;
+  BwdWorkspace& ws = d->bwd_ws;
+  ws = BwdWorkspace{};
+  const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_FP32 ? AccumType::F32
+                       : p.dtype == RATTN_DTYPE_FP16     ? AccumType::F16
+                                                         : AccumType::BF16;
+  ws.dq_accum = make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch,
+                                     p.num_heads_q, p.head_dim_qk, p.total_q, p.max_seqlen_q,
+                                     portable::kDqAccumAlign);
+  size_t cursor = 0;
+  ws.dq_accum_region = take(&cursor, size_t(ws.dq_accum.bytes()));
+  ws.dpsum = take(&cursor, size_t(d->row_stats().elements(p.num_heads_q)) * sizeof(float));
+  if (p.deterministic) {
+    int64_t q_tiles = RaggedTiles::bound(p.total_q, p.batch, d->bwd.block_m);
+    ws.locks = take(&cursor, size_t(q_tiles) * p.num_heads_q * sizeof(int32_t));
+  }
+  ws.total = round_up(int64_t(cursor), kRegionAlign);
+  d->fwd_ws.total = 0;
+}
+
+// The portable path's launch shapes: every supported shape on sm80+, given the shared memory.
+Status portable_shapes(PlanData* d) {
   const Problem& p = d->problem;
   if (p.dtype == RATTN_DTYPE_FP32) {
     return not_supported("make_plan",
@@ -89,23 +113,12 @@ Status plan_portable(PlanData* d) {
     }
   }
 
-  // Backward scratch. The dQ layout made here is the one the main and the post kernel address.
-  BwdWorkspace& ws = d->bwd_ws;
-  const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_FP32 ? AccumType::F32
-                       : p.dtype == RATTN_DTYPE_FP16     ? AccumType::F16
-                                                         : AccumType::BF16;
-  ws.dq_accum =
-      make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch, p.num_heads_q, dqk,
-                           p.total_q, p.max_seqlen_q, portable::kDqAccumAlign);
-  size_t cursor = 0;
-  ws.dq_accum_region = take(&cursor, size_t(ws.dq_accum.bytes()));
-  ws.dpsum = take(&cursor, size_t(d->row_stats().elements(p.num_heads_q)) * sizeof(float));
-  if (p.deterministic) {
-    int64_t q_tiles = RaggedTiles::bound(p.total_q, p.batch, bc.block_m);
-    ws.locks = take(&cursor, size_t(q_tiles) * p.num_heads_q * sizeof(int32_t));
-  }
-  ws.total = round_up(int64_t(cursor), kRegionAlign);
-  d->fwd_ws.total = 0;
+  return Status::Ok();
+}
+
+Status plan_portable(PlanData* d) {
+  RATTN_RETURN_IF_ERROR(portable_shapes(d));
+  plan_bwd_workspace(d);
   return Status::Ok();
 }
 
@@ -121,16 +134,17 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   if (p.dtype == RATTN_DTYPE_FP32) {
     return "the Hopper path takes bf16 or fp16 (fp32 runs on backend cpu)";
   }
-  if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v)) {
+  if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v) ||
+      !sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     return str_cat("the Hopper path supports head_dim_qk=128, head_dim_v=128; given head_dim_qk=",
                    p.head_dim_qk, ", head_dim_v=", p.head_dim_v, " (backend cuda_portable takes it)");
   }
   return "";
 }
 
-// The Hopper path: the wgmma forward, the portable backward (and its scratch).
+// The Hopper path: the wgmma forward and backward, with the backward scratch of every path.
 Status plan_sm90(PlanData* d) {
-  RATTN_RETURN_IF_ERROR(plan_portable(d));
+  RATTN_RETURN_IF_ERROR(portable_shapes(d));  // dtype checks; the shapes are replaced below
   const Problem& p = d->problem;
   d->path = Path::CudaSm90;
   d->fwd.kernel = "wgmma";
@@ -140,11 +154,21 @@ Status plan_sm90(PlanData* d) {
   d->fwd.stages = sm90::kFwd.stages;
   d->fwd.smem_bytes = sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes;
   d->fwd.tiles = RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m);
-  if (d->fwd.smem_bytes > size_t(d->caps.smem_per_block_optin)) {
-    return not_supported("make_plan", "the Hopper forward needs ", d->fwd.smem_bytes,
-                         " bytes of shared memory per block; device ", d->caps.device, " allows ",
-                         d->caps.smem_per_block_optin);
+  d->bwd.kernel = "wgmma";
+  d->bwd.block_m = sm90::kBwd.block_m;
+  d->bwd.block_n = sm90::kBwd.block_n;
+  d->bwd.threads = sm90::kBwdThreads;
+  d->bwd.stages = sm90::kBwd.stages;
+  d->bwd.smem_bytes = sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes;
+  d->bwd.tiles = RaggedTiles::bound(p.total_kv, p.batch, sm90::kBwd.block_n);
+  for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
+    if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {
+      return not_supported("make_plan", "the Hopper path needs ", s->smem_bytes,
+                           " bytes of shared memory per block; device ", d->caps.device,
+                           " allows ", d->caps.smem_per_block_optin);
+    }
   }
+  plan_bwd_workspace(d);
   return Status::Ok();
 }
 

@@ -85,7 +85,7 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       EXPECT_EQ(plan.path(), Path::CudaSm90);
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
       EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
-      EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+      EXPECT_THAT(plan.describe(), HasSubstr("bwd[wgmma 64x128 256thr"));
     } else {
       EXPECT_EQ(plan.path(), Path::CudaPortable);
     }
@@ -199,7 +199,10 @@ void expect_consistent_workspace(const Plan& plan) {
   }
   std::vector<Region> regions = {ws.dq_accum_region, ws.dpsum};
   if (d.problem.deterministic) {
-    EXPECT_GT(ws.locks.bytes, 0u);
+    // One lock per (query tile of the path's backward kernel, query head).
+    EXPECT_EQ(ws.locks.bytes,
+              size_t(RaggedTiles::bound(d.problem.total_q, d.problem.batch, d.bwd.block_m)) *
+                  size_t(d.problem.num_heads_q) * sizeof(int32_t));
     regions.push_back(ws.locks);
   }
   std::sort(regions.begin(), regions.end(),
@@ -229,7 +232,7 @@ TEST(PlanWorkspace, OnePlanGivesSizeAndLayout) {
     expect_consistent_workspace(plan);
     GTEST_SKIP() << "CPU-only build: no CUDA plan, so no dQ scratch to size";
   }
-  // Every CUDA path of the build: the Hopper path's backward scratch is the portable one's.
+  // Every CUDA path of the build: each sizes the one scratch layout from its own backward shape.
   std::vector<rattn_backend> backends{RATTN_BACKEND_CUDA_PORTABLE};
   if (path_in_build(Path::CudaSm90)) backends.push_back(RATTN_BACKEND_CUDA_SM90);
   for (rattn_backend backend : backends) {

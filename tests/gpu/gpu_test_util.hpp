@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <random>
 #include <sstream>
 #include <string>
@@ -84,14 +85,17 @@ std::vector<SuiteParam> named_variants(rattn_backend backend, const std::vector<
 }
 
 // Runs one case on a fresh seed and expects every segment to pass on a plan whose description
-// contains `path_part`; deterministic cases must also repeat bitwise.
-inline void expect_case_passes(const verify::CaseSpec& spec, const char* path_part) {
+// contains every one of `path_parts`; deterministic cases must also repeat bitwise.
+inline void expect_case_passes(const verify::CaseSpec& spec,
+                               std::initializer_list<const char*> path_parts) {
   verify::RunOptions opt;
   opt.seed = run_seed();
   const verify::CaseReport r = verify::run_case(spec, opt);
   EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << table(r);
   EXPECT_EQ(r.status, RATTN_SUCCESS) << r.stage << ": " << r.error;
-  EXPECT_NE(r.path.find(path_part), std::string::npos) << r.path;
+  for (const char* part : path_parts) {
+    EXPECT_NE(r.path.find(part), std::string::npos) << "expected " << part << " in " << r.path;
+  }
   if (spec.deterministic) {
     EXPECT_EQ(r.nondeterministic, 0);
   }

@@ -96,6 +96,7 @@ class Fixture : public ::testing::Test {
     EXPECT_EQ(cudaMemcpy(h.data(), d.ptr, d.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
     return h;
   }
+  void ReplaysToTheSameBytes(const verify::CaseSpec& spec);
   void Poison(const DeviceTensor& d) { ASSERT_EQ(cudaMemset(d.ptr, 0xFF, d.bytes), cudaSuccess); }
 
   verify::PackLayout layout_;
@@ -105,10 +106,17 @@ class Fixture : public ::testing::Test {
   DeviceTensor q_, k_, v_, do_, o_, lse_, dq_, dk_, dv_, cu_q_, cu_kv_, off_q_, off_kv_, ws_;
 };
 
-verify::CaseSpec pack_case(bool deterministic, rattn_dq_accum accum) {
+// The CUDA paths this machine runs: the portable one, and the Hopper one on an sm_90 device.
+std::vector<rattn_backend> cuda_paths() {
+  std::vector<rattn_backend> b{RATTN_BACKEND_CUDA_PORTABLE};
+  if (gpu_test::have_sm90()) b.push_back(RATTN_BACKEND_CUDA_SM90);
+  return b;
+}
+
+verify::CaseSpec pack_case(rattn_backend backend, bool deterministic, rattn_dq_accum accum) {
   for (verify::CaseSpec s : verify::named_suite(32, 8)) {
     if (s.name != "pack_2044") continue;
-    s.backend = RATTN_BACKEND_CUDA_PORTABLE;
+    s.backend = backend;
     s.dtype = RATTN_DTYPE_BF16;
     s.deterministic = deterministic;
     s.dq_accum = accum;
@@ -120,8 +128,9 @@ verify::CaseSpec pack_case(bool deterministic, rattn_dq_accum accum) {
 
 TEST_F(Fixture, DeterministicBackwardIsBitwiseStableOver20Runs) {
   RATTN_REQUIRE_GPU();
+  for (rattn_backend backend : cuda_paths())
   for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
-    Prepare(pack_case(true, accum));
+    Prepare(pack_case(backend, true, accum));
     RATTN_OK(forward(plan_, Fwd(), nullptr, 0));
     std::vector<unsigned char> first[3];
     for (int run = 0; run < 20; ++run) {
@@ -141,7 +150,8 @@ TEST_F(Fixture, DeterministicBackwardIsBitwiseStableOver20Runs) {
               << (t == 0   ? "dQ"
                   : t == 1 ? "dK"
                            : "dV")
-              << " differs in run " << run << " (dq_accum " << verify::dq_accum_str(accum) << ")";
+              << " differs in run " << run << " (dq_accum " << verify::dq_accum_str(accum)
+              << ", path " << plan_.describe() << ")";
         }
       }
     }
@@ -150,7 +160,14 @@ TEST_F(Fixture, DeterministicBackwardIsBitwiseStableOver20Runs) {
 
 TEST_F(Fixture, GraphCaptureReplaysToTheSameBytes) {
   RATTN_REQUIRE_GPU();
-  Prepare(pack_case(true, RATTN_DQ_ACCUM_FP32));
+  for (rattn_backend backend : cuda_paths()) {
+    SCOPED_TRACE(verify::backend_str(backend));
+    ReplaysToTheSameBytes(pack_case(backend, true, RATTN_DQ_ACCUM_FP32));
+  }
+}
+
+void Fixture::ReplaysToTheSameBytes(const verify::CaseSpec& spec) {
+  Prepare(spec);
   RATTN_OK(forward(plan_, Fwd(), nullptr, 0));
   RATTN_OK(backward(plan_, Bwd(), ws_.ptr, ws_.bytes));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

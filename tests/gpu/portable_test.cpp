@@ -31,7 +31,7 @@ class NamedSuite : public ::testing::TestWithParam<SuiteParam> {};
 
 TEST_P(NamedSuite, EverySegmentMatchesTheReference) {
   RATTN_REQUIRE_GPU();
-  gpu_test::expect_case_passes(GetParam().spec, "cuda_portable");
+  gpu_test::expect_case_passes(GetParam().spec, {"cuda_portable"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Portable, NamedSuite, ::testing::ValuesIn(suite_params()),

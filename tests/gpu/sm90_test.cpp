@@ -1,6 +1,6 @@
-// The Hopper path (wgmma forward, portable backward) against the CPU reference, per segment and per
-// tensor: the named configurations it takes (head dims 128/128), bf16 and fp16, both dQ modes, and
-// random ragged problems drawn fresh every run. Skipped where there is no sm_90 device or the build
+// The Hopper path (wgmma forward and backward) against the CPU reference, per segment and per
+// tensor: the named configurations it takes (head dims 128/128), bf16 and fp16, both dQ modes, the
+// deterministic mode, and random ragged problems drawn fresh every run. Skipped where there is no sm_90 device or the build
 // lacks the Hopper kernels.
 #include <gtest/gtest.h>
 
@@ -28,7 +28,9 @@ std::vector<SuiteParam> suite_params() {
       RATTN_BACKEND_CUDA_SM90,
       {{"bf16_dq_fp32", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, false},
        {"bf16_dq_bf16", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_BF16, false},
-       {"fp16_dq_fp32", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_FP32, false}},
+       {"fp16_dq_fp32", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_FP32, false},
+       {"fp16_dq_fp16", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_BF16, false},
+       {"bf16_deterministic", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, true}},
       [](const CaseSpec& c) { return c.dqk == 128 && c.dv == 128; });  // its head dims
 }
 
@@ -36,7 +38,7 @@ class HopperSuite : public ::testing::TestWithParam<SuiteParam> {};
 
 TEST_P(HopperSuite, EverySegmentMatchesTheReference) {
   RATTN_REQUIRE_SM90();
-  gpu_test::expect_case_passes(GetParam().spec, "fwd[wgmma");
+  gpu_test::expect_case_passes(GetParam().spec, {"cuda_sm90", "fwd[wgmma", "bwd[wgmma"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
@@ -62,15 +64,17 @@ TEST(HopperRandom, FreshRaggedProblems) {
     CaseSpec spec = verify::random_case(base + uint64_t(i), lim);
     spec.dqk = spec.dv = 128;
     spec.dq_accum = (i % 2) ? RATTN_DQ_ACCUM_BF16 : RATTN_DQ_ACCUM_FP32;
+    spec.deterministic = (i % 7 == 3);
     verify::RunOptions opt;
     opt.seed = base + uint64_t(i);
     const verify::CaseReport r = verify::run_case(spec, opt);
-    if (r.plan_error() || r.path.find("cuda_sm90") == std::string::npos) {
+    if (r.plan_error() || r.path.find("cuda_sm90") == std::string::npos ||
+        r.path.find("bwd[wgmma") == std::string::npos) {
       ADD_FAILURE() << "case " << i << ": not run on the Hopper path: " << r.error << r.path;
       ++failures;
       continue;
     }
-    if (!r.pass) {
+    if (!r.pass || (spec.deterministic && r.nondeterministic != 0)) {
       ++failures;
       ADD_FAILURE() << "case " << i << " seed " << opt.seed << "\n" << gpu_test::table(r);
     }

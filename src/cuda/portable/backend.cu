@@ -5,6 +5,7 @@
 
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
+#include "cuda/bwd_sequence.hpp"
 #include "cuda/portable/instantiations.hpp"
 #include "cuda/portable/launch.cuh"
 #include "cuda/portable/params.hpp"
@@ -56,6 +57,10 @@ struct BwdLauncher {
   }
 };
 
+cudaError_t launch_portable_bwd(const BwdParams& p, const PlanData& d, cudaStream_t s) {
+  return dispatch(d.problem, BwdLauncher{p, d, s});
+}
+
 template <class T>
 cudaError_t launch_post(const PlanData& d, const BwdParams& p, bool convert, cudaStream_t s) {
   const Problem& pr = d.problem;
@@ -82,7 +87,8 @@ Status portable_forward(const PlanData& d, const FwdTensors& t, void* /*workspac
                      dispatch(d.problem, FwdLauncher{p, d, static_cast<cudaStream_t>(stream)}));
 }
 
-Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
+Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream,
+                    BwdMainLaunch main_kernel) {
   const Problem& pr = d.problem;
   if (pr.total_q == 0 && pr.total_kv == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -101,13 +107,17 @@ Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace
         cuda_status("backward: dot(dO, O)", bf16 ? launch_post<__nv_bfloat16>(d, p, false, s)
                                                  : launch_post<__half>(d, p, false, s)));
   }
-  RATTN_RETURN_IF_ERROR(cuda_status("backward", dispatch(pr, BwdLauncher{p, d, s})));
+  RATTN_RETURN_IF_ERROR(cuda_status("backward", main_kernel(p, d, s)));
   if (pr.total_q > 0) {
     RATTN_RETURN_IF_ERROR(
         cuda_status("backward: dq_convert", bf16 ? launch_post<__nv_bfloat16>(d, p, true, s)
                                                  : launch_post<__half>(d, p, true, s)));
   }
   return Status::Ok();
+}
+
+Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
+  return run_backward(d, t, workspace, stream, &launch_portable_bwd);
 }
 
 }  // namespace cuda

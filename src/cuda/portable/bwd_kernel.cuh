@@ -10,80 +10,11 @@
 // Query/dO tiles are double-buffered when shared memory allows (Plan: stages).
 #pragma once
 
+#include "cuda/portable/bwd_common.cuh"
 #include "cuda/portable/config.hpp"
-#include "cuda/portable/math.cuh"
-#include "cuda/portable/params.hpp"
-#include "cuda/portable/warp_mma.cuh"
 
 namespace raggedattn {
 namespace portable {
-
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) {
-  return __bfloat1622float2(v);
-}
-__device__ __forceinline__ float2 to_float2(__half2 v) {
-  return __half22float2(v);
-}
-template <class Pair>
-__device__ __forceinline__ Pair from_float2(float x, float y);
-template <>
-__device__ __forceinline__ __nv_bfloat162 from_float2(float x, float y) {
-  return __floats2bfloat162_rn(x, y);
-}
-template <>
-__device__ __forceinline__ __half2 from_float2(float x, float y) {
-  return __floats2half2_rn(x, y);
-}
-
-template <class Pair, int NF, class Elem>
-__device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF][4], int half,
-                                                bool ordered) {
-  Pair* dst = reinterpret_cast<Pair*>(base);
-#pragma unroll
-  for (int f = 0; f < NF; ++f) {
-    Pair* d = dst + f * 4;
-    if (ordered) {
-      const unsigned int raw = __ldcg(reinterpret_cast<const unsigned int*>(d));
-      const float2 cur = to_float2(*reinterpret_cast<const Pair*>(&raw));
-      *d = from_float2<Pair>(cur.x + dq[f][2 * half], cur.y + dq[f][2 * half + 1]);
-    } else {
-      atomicAdd(d, from_float2<Pair>(dq[f][2 * half], dq[f][2 * half + 1]));
-    }
-  }
-}
-
-// Adds one fragment row-pair of a dQ tile into the scratch. Deterministic mode has the CTA hold
-// the tile's lock, so plain read-modify-write is race free; __ldcg skips a possibly stale L1.
-// The 16-bit scratch is always in the input's own format (the Plan's AccumType), so a kernel
-// instance for T compiles two accumulation paths, not three.
-template <class T, int NF>
-__device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float (&dq)[NF][4],
-                                                 int b, const Segment& seg, int h, int row,
-                                                 int col0, int half, bool ordered) {
-  const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, row) + col0;
-  if (p.dq_accum.type == AccumType::F32) {
-    float* dst = static_cast<float*>(p.dq_accum_ptr) + off;
-#pragma unroll
-    for (int f = 0; f < NF; ++f) {
-      const float x = dq[f][2 * half], y = dq[f][2 * half + 1];
-      float* d = dst + f * 8;
-      if (ordered) {
-        const float2 cur = __ldcg(reinterpret_cast<const float2*>(d));
-        *reinterpret_cast<float2*>(d) = make_float2(cur.x + x, cur.y + y);
-      } else {
-#if __CUDA_ARCH__ >= 900
-        atomicAdd(reinterpret_cast<float2*>(d), make_float2(x, y));
-#else
-        atomicAdd(d, x);
-        atomicAdd(d + 1, y);
-#endif
-      }
-    }
-  } else {
-    add_16bit_pairs<typename MmaType<T>::Pair>(static_cast<T*>(p.dq_accum_ptr) + off, dq, half,
-                                               ordered);
-  }
-}
 
 template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
@@ -215,26 +146,20 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int kr = s_key0 + mf * 16 + lane / 4 + 8 * half;  // key row in the tile
-        const int j = n0 + kr;
-        const int i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
-        const int i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
+        const KeyRowMask km = key_row_mask(p.mask, n0 + kr, seg);
 #pragma unroll
         for (int f = 0; f < S_NF; ++f) {
           float pr[2], ds[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float x = st[mf][f][2 * half + e], dtanh = 1.f;
-            if (p.softcap > 0.f) {
-              const float t = fast_tanh(x * (p.scale / p.softcap));
-              x = t * (p.softcap * kLog2e);
-              dtanh = 1.f - t * t;
-            } else {
-              x *= p.scale_log2;
-            }
             const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
-            const bool vis = full || (j < seg.len_kv && i >= i_lo && i < i_hi);
-            pr[e] = vis ? fast_exp2(x - lse2[f][e]) : 0.f;
-            ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsum[f][e]) * dtanh;
+            const float x = st[mf][f][2 * half + e], dp = dpt[mf][f][2 * half + e];
+            const bool vis = full || km.sees(i);
+            if (p.softcap > 0.f) {
+              score_grads<true>(p, x, dp, lse2[f][e], dsum[f][e], vis, pr[e], ds[e]);
+            } else {
+              score_grads<false>(p, x, dp, lse2[f][e], dsum[f][e], vis, pr[e], ds[e]);
+            }
           }
           const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
           *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
@@ -255,33 +180,19 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     warp_gemm<T, DQ_MF, DQ_W / 8, BN, true, true>(dq, sdST, L.s_pitch, dq_row0, sK, L.k_pitch,
                                                   dq_col0, lane);
 
-    int32_t* lock = nullptr;
-    if (ordered) {
-      // The key tiles that add into this query tile form one contiguous range starting at the
-      // tile of the first key its first row sees; add in that order, so every run sums alike.
-      const int expected = tc.tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
-      const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
-      lock = p.locks + q_tile * p.heads_q + h;
-      if (tid == 0) {
-        while (atomicAdd(lock, 0) != expected) __nanosleep(64);
-        __threadfence();
-      }
-      __syncthreads();
-    }
+    const DqTileTurn turn = dq_tile_turn<BM, BN>(p, tc.tile, b, seg, h, m_tile);
+    turn.wait(tid);
 #pragma unroll
     for (int mf = 0; mf < DQ_MF; ++mf)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = m0 + dq_row0 + mf * 16 + lane / 4 + 8 * half;
         if (i < seg.len_q) {
-          add_dq_fragments<T>(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
+          add_dq_fragments<T>(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half,
+                              ordered);
         }
       }
-    if (ordered) {
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) atomicAdd(lock, 1);
-    }
+    turn.pass(tid);
   }
 
   // Epilogue: dK (times the softmax scale) and dV of this warp's keys.

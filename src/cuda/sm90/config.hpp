@@ -53,6 +53,26 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
   return size_t(rows) * size_t(dim) * 2;
 }
 
+// Backward: a CTA owns block_n = 128 keys of one KV head (dK and dV accumulate in registers for
+// the CTA's life, so GQA needs no reduction: the CTA loops over the query heads of its group) and
+// streams block_m = 64 query rows per step, double-buffered with cp.async. Two warpgroups of 64
+// keys each (the M of one wgmma) and no producer warpgroup: 256 threads keep the compiler's
+// register limit at 255, which two 64 x 128 fp32 accumulators (dK, dV) plus the score tiles need.
+struct BwdConfig {
+  int block_m;  // queries per step
+  int block_n;  // keys per CTA
+  int warpgroups;
+  int stages;   // Q / dO ring depth
+};
+constexpr BwdConfig kBwd{64, 128, 2, 2};
+constexpr int kBwdThreads = kBwd.warpgroups * 128;
+static_assert(kBwd.block_n == 64 * kBwd.warpgroups, "one wgmma M of keys per warpgroup");
+
+// The head dims the Hopper backward is built for.
+RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
+  return dqk == 128 && dv == 128;
+}
+
 struct FwdSmem {
   size_t q, k, v;     // byte offsets from the 1024-aligned base
   size_t k_stage, v_stage;
@@ -68,6 +88,30 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
   s.v = s.k + kFwd.stages * s.k_stage;
   s.bars = s.v + kFwd.stages * s.v_stage;
   s.bytes = s.bars + (1 + 2 * kFwd.stages) * 8 + kSmemAlign;
+  return s;
+}
+
+// Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; dS^T
+// ([key][query], the A operand of dQ = dS K read M-major) hands the score gradient from the
+// warpgroup that computed it (its 64 keys) to both (each adds half of dQ's columns).
+struct BwdSmem {
+  size_t k, v, q, d_o, ds, lse, dpsum;  // byte offsets from the 1024-aligned base
+  size_t q_stage, do_stage, stat_stage;
+  size_t bytes;  // dynamic shared memory to request (alignment slack included)
+};
+RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
+  BwdSmem s{};
+  s.q_stage = tile_bytes(kBwd.block_m, dqk);
+  s.do_stage = tile_bytes(kBwd.block_m, dv);
+  s.stat_stage = size_t(kBwd.block_m) * 4;
+  s.k = 0;
+  s.v = s.k + tile_bytes(kBwd.block_n, dqk);
+  s.q = s.v + tile_bytes(kBwd.block_n, dv);
+  s.d_o = s.q + kBwd.stages * s.q_stage;
+  s.ds = s.d_o + kBwd.stages * s.do_stage;
+  s.lse = s.ds + tile_bytes(kBwd.block_n, kBwd.block_m);
+  s.dpsum = s.lse + kBwd.stages * s.stat_stage;
+  s.bytes = s.dpsum + kBwd.stages * s.stat_stage + kSmemAlign;
   return s;
 }
 

@@ -1,0 +1,145 @@
+// Device pieces every backward main kernel shares (the portable mma.sync one and the Hopper wgmma
+// one): the score gradient of one element, the mask of one key row, the dQ scratch additions
+// through the Plan's DqAccumLayout, and the deterministic mode's turn-taking per dQ tile. The
+// kernels differ in how they multiply matrices, not in this math.
+#pragma once
+
+#include "cuda/portable/math.cuh"
+#include "cuda/portable/params.hpp"
+#include "cuda/portable/warp_mma.cuh"
+
+namespace raggedattn {
+namespace portable {
+
+// The query rows that see key j of a segment: [lo, hi), empty for rows past the segment's keys.
+struct KeyRowMask {
+  int lo, hi;
+  __device__ __forceinline__ bool sees(int i) const { return i >= lo && i < hi; }
+};
+__device__ __forceinline__ KeyRowMask key_row_mask(const MaskSpec& m, int j, const Segment& seg) {
+  if (j >= seg.len_kv) return {0, 0};
+  return {m.query_begin(j, seg.len_q, seg.len_kv), m.query_end(j, seg.len_q, seg.len_kv)};
+}
+
+// P = softmax probability and dS = dP-gradient of the raw score for one (query, key): x is the
+// raw score Q.K, dp = dO.V, lse2 = LSE * log2(e) and dsum = dot(dO, O) of the query row. Under a
+// soft cap the chain rule brings tanh' (the softmax scale is applied to dK and dQ at the end).
+// SOFTCAP is p.softcap > 0, decided once outside the loops (the Hopper kernel compiles its score
+// loop once per value: a per-element branch there costs registers).
+template <bool SOFTCAP>
+__device__ __forceinline__ void score_grads(const BwdParams& p, float x, float dp, float lse2,
+                                            float dsum, bool visible, float& pr, float& ds) {
+  float dtanh = 1.f;
+  if (SOFTCAP) {
+    const float t = fast_tanh(x * (p.scale / p.softcap));
+    x = t * (p.softcap * kLog2e);
+    dtanh = 1.f - t * t;
+  } else {
+    x *= p.scale_log2;
+  }
+  pr = visible ? fast_exp2(x - lse2) : 0.f;
+  ds = pr * (dp - dsum) * dtanh;
+}
+
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) {
+  return __bfloat1622float2(v);
+}
+__device__ __forceinline__ float2 to_float2(__half2 v) {
+  return __half22float2(v);
+}
+template <class Pair>
+__device__ __forceinline__ Pair from_float2(float x, float y);
+template <>
+__device__ __forceinline__ __nv_bfloat162 from_float2(float x, float y) {
+  return __floats2bfloat162_rn(x, y);
+}
+template <>
+__device__ __forceinline__ __half2 from_float2(float x, float y) {
+  return __floats2half2_rn(x, y);
+}
+
+template <class Pair, int NF, class Elem>
+__device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF][4], int half,
+                                                bool ordered) {
+  Pair* dst = reinterpret_cast<Pair*>(base);
+#pragma unroll
+  for (int f = 0; f < NF; ++f) {
+    Pair* d = dst + f * 4;
+    if (ordered) {
+      const unsigned int raw = __ldcg(reinterpret_cast<const unsigned int*>(d));
+      const float2 cur = to_float2(*reinterpret_cast<const Pair*>(&raw));
+      *d = from_float2<Pair>(cur.x + dq[f][2 * half], cur.y + dq[f][2 * half + 1]);
+    } else {
+      atomicAdd(d, from_float2<Pair>(dq[f][2 * half], dq[f][2 * half + 1]));
+    }
+  }
+}
+
+// Adds one fragment row (columns col0 + 8f, col0 + 8f + 1 for every f: the mma.sync and wgmma
+// accumulator layout) of a dQ tile into the scratch at the Plan's DqAccumLayout offset.
+// Deterministic mode has the CTA hold the tile's turn, so plain read-modify-write is race free;
+// __ldcg skips a possibly stale L1. The 16-bit scratch is always in the input's own format (the
+// Plan's AccumType), so a kernel instance for T compiles two accumulation paths, not three.
+template <class T, int NF>
+__device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float (&dq)[NF][4],
+                                                 int b, const Segment& seg, int h, int row,
+                                                 int col0, int half, bool ordered) {
+  const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, row) + col0;
+  if (p.dq_accum.type == AccumType::F32) {
+    float* dst = static_cast<float*>(p.dq_accum_ptr) + off;
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      const float x = dq[f][2 * half], y = dq[f][2 * half + 1];
+      float* d = dst + f * 8;
+      if (ordered) {
+        const float2 cur = __ldcg(reinterpret_cast<const float2*>(d));
+        *reinterpret_cast<float2*>(d) = make_float2(cur.x + x, cur.y + y);
+      } else {
+#if __CUDA_ARCH__ >= 900
+        atomicAdd(reinterpret_cast<float2*>(d), make_float2(x, y));
+#else
+        atomicAdd(d, x);
+        atomicAdd(d + 1, y);
+#endif
+      }
+    }
+  } else {
+    add_16bit_pairs<typename MmaType<T>::Pair>(static_cast<T*>(p.dq_accum_ptr) + off, dq, half,
+                                               ordered);
+  }
+}
+
+// Deterministic mode: the key tiles that add into one dQ tile (BM query rows of one head) form
+// one contiguous range starting at the tile of the first key its first row sees; they add in that
+// order, so every run sums alike. The whole CTA takes part in wait() and pass() (CTA barriers).
+// Without locks (atomic mode) both are no-ops.
+struct DqTileTurn {
+  int32_t* lock;
+  int expected;
+  __device__ __forceinline__ void wait(int tid) const {
+    if (!lock) return;
+    if (tid == 0) {
+      while (atomicAdd(lock, 0) != expected) __nanosleep(64);
+      __threadfence();
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ void pass(int tid) const {
+    if (!lock) return;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) atomicAdd(lock, 1);
+  }
+};
+template <int BM, int BN>
+__device__ __forceinline__ DqTileTurn dq_tile_turn(const BwdParams& p, int key_tile, int b,
+                                                   const Segment& seg, int h, int m_tile) {
+  if (p.locks == nullptr) return {nullptr, 0};
+  const int m0 = m_tile * BM;
+  const int expected = key_tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
+  const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
+  return {p.locks + q_tile * p.heads_q + h, expected};
+}
+
+}  // namespace portable
+}  // namespace raggedattn

@@ -1,0 +1,283 @@
+// Backward main kernel of the Hopper path (sm_90a): one CTA per (key tile of a segment, KV head),
+// the portable backward's tile map and loop, with every product on wgmma.
+//
+// Two warpgroups own 64 keys each (c = 0, 1). dK and dV of those keys accumulate in registers
+// (two m64n128 fp32 accumulators) while the CTA streams the query tiles (64 rows) of every query
+// head of its GQA group, double-buffered with cp.async. Per step, in warpgroup c:
+//   S^T  = K_c Q^T     8 x m64n64k16, both operands K-major in shared memory
+//   dP^T = V_c dO^T    8 x m64n64k16
+//   P^T, dS^T          on the registers (the portable kernel's score_grads and key-row mask)
+//   dV  += P^T dO      4 x m64n128k16, P^T from registers, dO N-major in shared memory
+//   dK  += dS^T Q      4 x m64n128k16, dS^T from registers, Q N-major
+//   dS^T -> shared memory ([key][query], 128-byte swizzled), one CTA barrier
+//   dQ[:, 64c .. 64c + 63] = dS K   8 x m64n64k16 over the 128 keys, dS read M-major, K N-major
+//   dQ added into the scratch at the Plan's DqAccumLayout offsets (fp32 or 16-bit atomics, or
+//   in order under the deterministic mode's turns), as in the portable kernel.
+// Shared-memory tiles use the 128-byte-swizzled panel layout of config.hpp (hopper.cuh).
+#pragma once
+
+#include <type_traits>
+
+#include "cuda/portable/bwd_common.cuh"
+#include "cuda/sm90/config.hpp"
+#include "cuda/sm90/hopper.cuh"
+#include "cuda/sm90/wgmma_ops.hpp"
+
+namespace raggedattn {
+namespace sm90 {
+
+using portable::BwdParams;
+
+template <int NF>
+__device__ __forceinline__ void pin_a(uint32_t (&a)[NF][4]) {
+#pragma unroll
+  for (int j = 0; j < NF; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
+  constexpr int BM = kBwd.block_m, BN = kBwd.block_n;
+  constexpr int KSTEPS = D / 16;      // k16 steps over the head dim (S^T, dP^T)
+  constexpr int QSTEPS = BM / 16;     // k16 steps over the step's queries (dV, dK)
+  constexpr int NSTEPS = BN / 16;     // k16 steps over the CTA's keys (dQ)
+  constexpr int PANEL = 64;           // 16-bit elements per 128-byte panel row
+  constexpr BwdSmem L = bwd_smem(D, D);
+  static_assert(D == 128, "dK and dV are one m64n128 accumulator each; dQ is two m64n64 halves");
+  static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
+  static_assert(kBwd.stages == 2, "the step loop double-buffers Q and dO");
+  using Mma = portable::MmaType<T>;
+  using portable::cp_async_4;
+  using portable::smem_addr;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
+
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int c = tid / 128, warp_in_wg = (tid % 128) / 32;
+  const TileCoord tc = p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
+  if (tc.segment < 0) return;
+  const int b = tc.segment, hk = blockIdx.y;
+  const Segment seg = p.segs.get(b);
+  const int n0 = tc.tile * BN;
+  const int keys = min(BN, seg.len_kv - n0);
+  const int q_lo = p.mask.query_begin(n0, seg.len_q, seg.len_kv);
+  const int q_hi = p.mask.query_end(n0 + keys - 1, seg.len_q, seg.len_kv);
+  const int m_first = q_lo / BM;
+  const int m_count = q_lo < q_hi ? (q_hi - 1) / BM - m_first + 1 : 0;
+  const int n_it = m_count * p.group;
+
+  const uint32_t k_addr = smem_addr(smem + L.k), v_addr = smem_addr(smem + L.v);
+  const uint32_t q_addr = smem_addr(smem + L.q), do_addr = smem_addr(smem + L.d_o);
+  const uint32_t ds_addr = smem_addr(smem + L.ds);
+  // This thread's key rows in the CTA tile (the wgmma accumulator layout): row_a and row_a + 8.
+  const int row_a = c * 64 + warp_in_wg * 16 + lane / 4;
+
+  float acc_dk[D / 8][4], acc_dv[D / 8][4];
+#pragma unroll
+  for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[f][e] = acc_dv[f][e] = 0.f;
+
+  auto load_stage = [&](int it, int buf) {
+    const int h = hk * p.group + it / m_count;
+    const int m0 = (m_first + it % m_count) * BM;
+    const int64_t row0 = seg.q_row0 + m0;
+    const int valid = seg.len_q - m0;
+    load_tile_sw128<BM, D, kBwdThreads>(smem + L.q + buf * L.q_stage,
+                                        static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
+                                        p.q_layout.token_stride, valid, tid);
+    load_tile_sw128<BM, D, kBwdThreads>(smem + L.d_o + buf * L.do_stage,
+                                        static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
+                                        p.do_layout.token_stride, valid, tid);
+    if (tid < BM) {
+      float* s_lse = reinterpret_cast<float*>(smem + L.lse + buf * L.stat_stage);
+      float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + buf * L.stat_stage);
+      const int64_t stat = p.stats.offset(h, row0);
+      const bool ok = tid < valid;
+      cp_async_4(s_lse + tid, p.lse + (ok ? stat + tid : 0), ok);
+      cp_async_4(s_dp + tid, p.dpsum + (ok ? stat + tid : 0), ok);
+    }
+  };
+
+  if (n_it > 0) {
+    const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0 + n0, hk);
+    const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
+    load_tile_sw128<BN, D, kBwdThreads>(smem + L.k, k, p.k_layout.token_stride, keys, tid);
+    load_tile_sw128<BN, D, kBwdThreads>(smem + L.v, v, p.v_layout.token_stride, keys, tid);
+    load_stage(0, 0);
+    portable::cp_async_commit();
+  }
+  const bool ordered = p.locks != nullptr;
+
+  for (int it = 0; it < n_it; ++it) {
+    const int buf = it & 1;
+    portable::cp_async_wait<0>();
+    fence_proxy_async_smem();  // this thread's copies, visible to wgmma's operand reads
+    // Step `it`'s data is in for every thread, and every thread has finished step it - 1 (its
+    // products waited on): the other Q/dO buffer and dS^T are free to overwrite.
+    __syncthreads();
+    if (it + 1 < n_it) {
+      load_stage(it + 1, buf ^ 1);
+      portable::cp_async_commit();
+    }
+    const int h = hk * p.group + it / m_count;
+    const int m_tile = m_first + it % m_count;
+    const int m0 = m_tile * BM;
+    // Shared-memory bases, opaque to the compiler here: otherwise it hoists the loop-invariant
+    // operand descriptors (16 for K and V, 8 for dQ's K, 64 bits each) out of the loop and keeps
+    // them in registers that the accumulators need.
+    uint32_t k_base = k_addr, v_base = v_addr, ds_base = ds_addr;
+    uint32_t q_buf = q_addr + buf * uint32_t(L.q_stage), do_buf = do_addr + buf * uint32_t(L.do_stage);
+    asm volatile("" : "+r"(k_base), "+r"(v_base), "+r"(ds_base), "+r"(q_buf), "+r"(do_buf));
+
+    // S^T = K_c Q^T and dP^T = V_c dO^T: [64 keys x 64 queries] each.
+    float st[BM / 8][4], dpt[BM / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+      ss_m64n64k16<T>(st,
+                      desc_k_major(k_base + panel * BN * kSwizzleBytes + c * 64 * kSwizzleBytes +
+                                   within),
+                      desc_k_major(q_buf + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+      ss_m64n64k16<T>(dpt,
+                      desc_k_major(v_base + panel * BN * kSwizzleBytes + c * 64 * kSwizzleBytes +
+                                   within),
+                      desc_k_major(do_buf + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(st);
+    pin(dpt);
+
+    // P^T and dS^T, packed at once into the register A operands of dV and dK (a[kc] holds
+    // columns 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their
+    // statistics come from the stage's shared-memory copies, one column pair at a time.
+    uint32_t a_p[QSTEPS][4], a_ds[QSTEPS][4];
+    auto score_tile = [&](auto softcap) {
+      constexpr bool kSoftcap = decltype(softcap)::value;
+      const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
+      const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
+      const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
+      const portable::KeyRowMask km[2] = {portable::key_row_mask(p.mask, n0 + row_a, seg),
+                                          portable::key_row_mask(p.mask, n0 + row_a + 8, seg)};
+#pragma unroll
+      for (int f = 0; f < BM / 8; ++f) {
+        const int qc = f * 8 + 2 * (lane % 4);
+        const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
+        const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float pr[2], ds[2];
+          portable::score_grads<kSoftcap>(p, st[f][2 * half], dpt[f][2 * half],
+                                          lse.x * portable::kLog2e, dsum.x,
+                                          full || km[half].sees(m0 + qc), pr[0], ds[0]);
+          portable::score_grads<kSoftcap>(p, st[f][2 * half + 1], dpt[f][2 * half + 1],
+                                          lse.y * portable::kLog2e, dsum.y,
+                                          full || km[half].sees(m0 + qc + 1), pr[1], ds[1]);
+          a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
+          a_ds[f / 2][2 * (f % 2) + half] = Mma::pack(ds[0], ds[1]);
+        }
+      }
+    };
+    if (p.softcap > 0.f) {
+      score_tile(std::true_type{});
+    } else {
+      score_tile(std::false_type{});
+    }
+
+    // dV += P^T dO and dK += dS^T Q (A from registers, B N-major: its rows are this step's
+    // queries, its columns the head dim in two panels).
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < QSTEPS; ++kc) {
+      rs_m64n128k16_tb<T>(acc_dv, a_p[kc],
+                          desc_mn_major(do_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes), 1);
+    }
+#pragma unroll
+    for (int kc = 0; kc < QSTEPS; ++kc) {
+      rs_m64n128k16_tb<T>(acc_dk, a_ds[kc],
+                          desc_mn_major(q_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(acc_dv);
+    pin(acc_dk);
+
+    // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int kr = row_a + 8 * half;
+#pragma unroll
+      for (int f = 0; f < BM / 8; ++f) {
+        *reinterpret_cast<uint32_t*>(smem + L.ds + swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
+            a_ds[f / 2][2 * (f % 2) + half];
+      }
+    }
+    fence_proxy_async_smem();
+    __syncthreads();  // both warpgroups' dS^T rows are in
+
+    // dQ[:, 64c .. 64c + 63] = dS K: A = dS^T read M-major (queries contiguous), B = K's panel c
+    // read N-major; k16 steps over the CTA's 128 keys.
+    float dq[PANEL / 8][4];
+#pragma unroll
+    for (int f = 0; f < PANEL / 8; ++f) dq[f][0] = dq[f][1] = dq[f][2] = dq[f][3] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < NSTEPS; ++kc) {
+      ss_m64n64k16_tab<T>(
+          dq, desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes),
+          desc_mn_major(k_base + c * BN * kSwizzleBytes + kc * 16 * kSwizzleBytes,
+                        BN * kSwizzleBytes),
+          kc > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(dq);
+    pin(acc_dv);
+    pin(acc_dk);
+    //pin_a(a_p);
+    //pin_a(a_ds);
+
+    const portable::DqTileTurn turn = portable::dq_tile_turn<BM, BN>(p, tc.tile, b, seg, h, m_tile);
+    turn.wait(tid);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = m0 + warp_in_wg * 16 + lane / 4 + 8 * half;
+      if (i < seg.len_q) {
+        portable::add_dq_fragments<T>(p, dq, b, seg, h, i, c * PANEL + 2 * (lane % 4), half,
+                                      ordered);
+      }
+    }
+    turn.pass(tid);
+  }
+
+  // Epilogue: dK (times the softmax scale) and dV of this thread's keys.
+  T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
+  T* dv = static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row_a + 8 * half;
+    if (r < keys) {
+      T* dkrow = dk + r * p.dk_layout.token_stride + 2 * (lane % 4);
+      T* dvrow = dv + r * p.dv_layout.token_stride + 2 * (lane % 4);
+#pragma unroll
+      for (int f = 0; f < D / 8; ++f) {
+        *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
+            Mma::pack(acc_dk[f][2 * half] * p.scale, acc_dk[f][2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvrow + f * 8) =
+            Mma::pack(acc_dv[f][2 * half], acc_dv[f][2 * half + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace raggedattn
