@@ -71,14 +71,19 @@ def main():
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
+    ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
     names = args.workloads.split(",")
-    # The library's default (the best CUDA path: the Hopper forward where it takes the problem),
-    # its 16-bit dQ scratch, and the portable path forced, so both paths are measured each run.
+    # The library's default (the best CUDA path: the Hopper path where it takes the problem), its
+    # 16-bit dQ scratch, and the portable path forced, so both paths are measured each run.
+    # The Hopper path forced as well, so it is measured also where auto takes the portable one.
     variants = {"raggedattn": [], "raggedattn_dq_bf16": ["--dq-accum", "bf16"],
-                "raggedattn_portable": ["--backend", "cuda_portable"]}
+                "raggedattn_portable": ["--backend", "cuda_portable"],
+                "raggedattn_sm90": ["--backend", "cuda_sm90"]}
+    if args.variants:
+        variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
     report = {"date": datetime.date.today().isoformat(), "workloads": {}, "meta": {}}
     try:  # the GPU's name, also when no anchor runs (they report it too)
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],

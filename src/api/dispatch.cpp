@@ -45,7 +45,8 @@ Status forward(const Plan& plan, const FwdTensors& t, void* workspace, size_t wo
 #endif
     case Path::CudaSm90:
 #ifdef RATTN_WITH_SM90
-      return cuda::sm90_forward(d, t, workspace, stream);
+      return d.fwd.family == KernelFamily::Wgmma ? cuda::sm90_forward(d, t, workspace, stream)
+                                                 : cuda::portable_forward(d, t, workspace, stream);
 #else
       break;
 #endif

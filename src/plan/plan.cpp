@@ -88,8 +88,8 @@ Status portable_shapes(PlanData* d) {
   const portable::BwdConfig bc = portable::bwd_config(dqk, dv);
   const size_t limit = size_t(d->caps.smem_per_block_optin);
 
-  d->fwd.kernel = "mma.sync";
-  d->bwd.kernel = "mma.sync";
+  d->fwd.family = KernelFamily::MmaSync;
+  d->bwd.family = KernelFamily::MmaSync;
   d->fwd.block_m = fc.block_m;
   d->fwd.block_n = fc.block_n;
   d->fwd.threads = fc.warps * 32;
@@ -142,19 +142,23 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   return "";
 }
 
-// The Hopper path: the wgmma forward and backward, with the backward scratch of every path.
-Status plan_sm90(PlanData* d) {
-  RATTN_RETURN_IF_ERROR(portable_shapes(d));  // dtype checks; the shapes are replaced below
+// The Hopper path: the wgmma backward, and the wgmma forward unless `wgmma_forward` is false
+// (then the portable forward, which measured faster on short documents); the backward scratch of
+// every path, sized from the backward shape chosen here.
+Status plan_sm90(PlanData* d, bool wgmma_forward) {
+  RATTN_RETURN_IF_ERROR(portable_shapes(d));  // dtype checks and the portable shapes
   const Problem& p = d->problem;
   d->path = Path::CudaSm90;
-  d->fwd.kernel = "wgmma";
-  d->fwd.block_m = sm90::kFwd.block_m;
-  d->fwd.block_n = sm90::kFwd.block_n;
-  d->fwd.threads = sm90::kFwdThreads;
-  d->fwd.stages = sm90::kFwd.stages;
-  d->fwd.smem_bytes = sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes;
-  d->fwd.tiles = RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m);
-  d->bwd.kernel = "wgmma";
+  if (wgmma_forward) {
+    d->fwd.family = KernelFamily::Wgmma;
+    d->fwd.block_m = sm90::kFwd.block_m;
+    d->fwd.block_n = sm90::kFwd.block_n;
+    d->fwd.threads = sm90::kFwdThreads;
+    d->fwd.stages = sm90::kFwd.stages;
+    d->fwd.smem_bytes = sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes;
+    d->fwd.tiles = RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m);
+  }
+  d->bwd.family = KernelFamily::Wgmma;
   d->bwd.block_m = sm90::kBwd.block_m;
   d->bwd.block_n = sm90::kBwd.block_n;
   d->bwd.threads = sm90::kBwdThreads;
@@ -186,11 +190,11 @@ Status choose_path(PlanData* d) {
       }
       [[fallthrough]];
     case RATTN_BACKEND_CUDA:
-      // The best CUDA path for the problem: Hopper where it takes it and is measured faster
-      // (segments long enough, sm90::kAutoMinSeqlenKv), portable otherwise.
+      // The best CUDA path for the problem: Hopper where it takes it (its forward only where
+      // the segments are long enough, sm90::kAutoMinSeqlenKv), portable otherwise.
       RATTN_RETURN_IF_ERROR(require_cuda("cuda", caps));
-      if (sm90_refusal(p, caps).empty() && p.max_seqlen_kv >= sm90::kAutoMinSeqlenKv) {
-        return plan_sm90(d);
+      if (sm90_refusal(p, caps).empty()) {
+        return plan_sm90(d, p.max_seqlen_kv >= sm90::kAutoMinSeqlenKv);
       }
       d->path = Path::CudaPortable;
       return plan_portable(d);
@@ -205,7 +209,7 @@ Status choose_path(PlanData* d) {
         return not_supported("make_plan", "backend cuda_sm90 requested, but ", why,
                              "; available: cuda_portable, cpu");
       }
-      return plan_sm90(d);
+      return plan_sm90(d, /*wgmma_forward=*/true);
     }
   }
   return invalid_value("make_plan", "backend=", int(p.backend), " is not a backend");
@@ -297,8 +301,8 @@ std::string Plan::describe() const {
                           " Hkv=", p.num_heads_kv, " D=", p.head_dim_qk, "/", p.head_dim_v);
   if (d.path != Path::Cpu) {
     s += str_cat(
-        " fwd[", d.fwd.kernel, " ", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
-        d.fwd.smem_bytes / 1024, "KiB] bwd[", d.bwd.kernel, " ", d.bwd.block_m, "x", d.bwd.block_n, " ", d.bwd.threads,
+        " fwd[", kernel_family_name(d.fwd.family), " ", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
+        d.fwd.smem_bytes / 1024, "KiB] bwd[", kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ", d.bwd.threads,
         "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),

@@ -34,9 +34,17 @@ struct FwdWorkspace {
   size_t total = 0;
 };
 
+// Which kernels run a direction: the portable ones (mma.sync, sm80+) or the Hopper ones (wgmma,
+// sm_90a). The Hopper path may run a direction on the portable kernel where that measured faster;
+// the dispatcher follows this field.
+enum class KernelFamily { MmaSync, Wgmma };
+inline const char* kernel_family_name(KernelFamily f) {
+  return f == KernelFamily::Wgmma ? "wgmma" : "mma.sync";
+}
+
 // A kernel's launch shape, as chosen by the path.
 struct LaunchShape {
-  const char* kernel = "";  // which kernel family: "mma.sync" (portable) or "wgmma" (Hopper)
+  KernelFamily family = KernelFamily::MmaSync;
   int block_m = 0;
   int block_n = 0;
   int threads = 0;

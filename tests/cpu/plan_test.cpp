@@ -94,20 +94,16 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
 
 TEST(PlanPath, HopperPathOnlyWhereItTakesTheProblem) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
-  // Head dims the Hopper kernels lack, an sm_80 device, a forced portable backend, or segments
-  // shorter than sm90::kAutoMinSeqlenKv (the portable forward measured faster there): portable.
+  // Head dims the Hopper kernels lack, an sm_80 device, or a forced portable backend: portable.
   Problem d64 = long_problem(RATTN_BACKEND_AUTO);
   d64.head_dim_qk = d64.head_dim_v = 64;
   Problem d192 = long_problem(RATTN_BACKEND_AUTO);
   d192.head_dim_qk = 192;
-  Problem short_docs = long_problem(RATTN_BACKEND_AUTO);
-  short_docs.max_seqlen_q = short_docs.max_seqlen_kv = sm90::kAutoMinSeqlenKv - 1;
   struct Case {
     Problem p;
     DeviceCaps caps;
   };
   for (const Case& c : {Case{d64, fake_hopper_caps()}, Case{d192, fake_hopper_caps()},
-                        Case{short_docs, fake_hopper_caps()},
                         Case{long_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
                         Case{long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
     Plan plan;
@@ -115,6 +111,25 @@ TEST(PlanPath, HopperPathOnlyWhereItTakesTheProblem) {
     EXPECT_EQ(plan.path(), Path::CudaPortable) << plan.describe();
     EXPECT_THAT(plan.describe(), HasSubstr("fwd[mma.sync "));
   }
+}
+
+TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  // Segments shorter than sm90::kAutoMinSeqlenKv: the portable forward measured faster there, the
+  // Hopper backward faster everywhere. A forced cuda_sm90 runs both directions on wgmma.
+  Problem short_docs = long_problem(RATTN_BACKEND_AUTO);
+  short_docs.max_seqlen_q = short_docs.max_seqlen_kv = sm90::kAutoMinSeqlenKv - 1;
+  Plan plan;
+  ASSERT_TRUE(make_plan(short_docs, fake_hopper_caps(), &plan).ok());
+  EXPECT_EQ(plan.path(), Path::CudaSm90);
+  EXPECT_EQ(plan.data().fwd.family, KernelFamily::MmaSync);
+  EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
+  EXPECT_THAT(plan.describe(), HasSubstr("fwd[mma.sync 128x64 128thr"));
+  EXPECT_THAT(plan.describe(), HasSubstr("bwd[wgmma 64x128 256thr"));
+  short_docs.backend = RATTN_BACKEND_CUDA_SM90;
+  ASSERT_TRUE(make_plan(short_docs, fake_hopper_caps(), &plan).ok());
+  EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+  EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
 }
 
 TEST(PlanPath, ForcedHopperPathSaysWhyNot) {

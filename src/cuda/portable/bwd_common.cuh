@@ -21,24 +21,36 @@ __device__ __forceinline__ KeyRowMask key_row_mask(const MaskSpec& m, int j, con
   return {m.query_begin(j, seg.len_q, seg.len_kv), m.query_end(j, seg.len_q, seg.len_kv)};
 }
 
-// P = softmax probability and dS = dP-gradient of the raw score for one (query, key): x is the
-// raw score Q.K, dp = dO.V, lse2 = LSE * log2(e) and dsum = dot(dO, O) of the query row. Under a
-// soft cap the chain rule brings tanh' (the softmax scale is applied to dK and dQ at the end).
-// SOFTCAP is p.softcap > 0, decided once outside the loops (the Hopper kernel compiles its score
-// loop once per value: a per-element branch there costs registers).
+// The pieces of the score gradient, for kernels that split it in passes (the Hopper kernel
+// computes P while dP is in flight). Without a soft cap: P = exp2(x * scale * log2(e) - lse2).
+__device__ __forceinline__ float score_prob(const BwdParams& p, float x, float lse2,
+                                            bool visible) {
+  return visible ? fast_exp2(x * p.scale_log2 - lse2) : 0.f;
+}
+// Under a soft cap: t = tanh(x * scale / cap), P = exp2(t * cap * log2(e) - lse2), and the chain
+// rule brings tanh' = 1 - t^2 into dS.
+__device__ __forceinline__ float capped_tanh(const BwdParams& p, float x) {
+  return fast_tanh(x * (p.scale / p.softcap));
+}
+__device__ __forceinline__ float capped_prob(const BwdParams& p, float t, float lse2,
+                                             bool visible) {
+  return visible ? fast_exp2(t * (p.softcap * kLog2e) - lse2) : 0.f;
+}
+
+// P = softmax probability and dS = gradient of the raw score for one (query, key): x is the raw
+// score Q.K, dp = dO.V, lse2 = LSE * log2(e) and dsum = dot(dO, O) of the query row (the softmax
+// scale is applied to dK and dQ at the end). SOFTCAP is p.softcap > 0.
 template <bool SOFTCAP>
 __device__ __forceinline__ void score_grads(const BwdParams& p, float x, float dp, float lse2,
                                             float dsum, bool visible, float& pr, float& ds) {
-  float dtanh = 1.f;
   if (SOFTCAP) {
-    const float t = fast_tanh(x * (p.scale / p.softcap));
-    x = t * (p.softcap * kLog2e);
-    dtanh = 1.f - t * t;
+    const float t = capped_tanh(p, x);
+    pr = capped_prob(p, t, lse2, visible);
+    ds = pr * (dp - dsum) * (1.f - t * t);
   } else {
-    x *= p.scale_log2;
+    pr = score_prob(p, x, lse2, visible);
+    ds = pr * (dp - dsum);
   }
-  pr = visible ? fast_exp2(x - lse2) : 0.f;
-  ds = pr * (dp - dsum) * dtanh;
 }
 
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) {

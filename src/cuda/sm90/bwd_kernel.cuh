@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
                                    within),
                       desc_k_major(q_buf + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
     }
+    wgmma_commit();  // group: S^T
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
@@ -152,36 +153,65 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
                                    within),
                       desc_k_major(do_buf + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(st);
-    pin(dpt);
+    wgmma_commit();  // group: dP^T
 
-    // P^T and dS^T, packed at once into the register A operands of dV and dK (a[kc] holds
-    // columns 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their
-    // statistics come from the stage's shared-memory copies, one column pair at a time.
+    // P^T and dS^T, packed into the register A operands of dV and dK (a[kc] holds columns
+    // 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their statistics
+    // come from the stage's shared-memory copies, one column pair at a time.
     uint32_t a_p[QSTEPS][4], a_ds[QSTEPS][4];
+    const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
+    const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
+    const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
+    const portable::KeyRowMask km[2] = {portable::key_row_mask(p.mask, n0 + row_a, seg),
+                                        portable::key_row_mask(p.mask, n0 + row_a + 8, seg)};
+    // Two passes: the first (P^T, or tanh of the scores under a soft cap) runs while dP^T is
+    // still in flight; the second forms dS^T once it has landed.
     auto score_tile = [&](auto softcap) {
       constexpr bool kSoftcap = decltype(softcap)::value;
-      const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
-      const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
-      const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
-      const portable::KeyRowMask km[2] = {portable::key_row_mask(p.mask, n0 + row_a, seg),
-                                          portable::key_row_mask(p.mask, n0 + row_a + 8, seg)};
+      wgmma_wait<1>();
+      pin(st);
 #pragma unroll
       for (int f = 0; f < BM / 8; ++f) {
         const int qc = f * 8 + 2 * (lane % 4);
         const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (kSoftcap) {
+            st[f][e] = portable::capped_tanh(p, st[f][e]);
+          } else {
+            st[f][e] = portable::score_prob(p, st[f][e], (e % 2 ? lse.y : lse.x) * portable::kLog2e,
+                                            full || km[e / 2].sees(m0 + qc + e % 2));
+          }
+        }
+      }
+      wgmma_wait<0>();
+      pin(dpt);
+#pragma unroll
+      for (int f = 0; f < BM / 8; ++f) {
+        const int qc = f * 8 + 2 * (lane % 4);
         const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc);
+        float2 lse2 = make_float2(0.f, 0.f);
+        if constexpr (kSoftcap) {
+          lse2 = *reinterpret_cast<const float2*>(s_lse + qc);
+          lse2.x *= portable::kLog2e;
+          lse2.y *= portable::kLog2e;
+        }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float pr[2], ds[2];
-          portable::score_grads<kSoftcap>(p, st[f][2 * half], dpt[f][2 * half],
-                                          lse.x * portable::kLog2e, dsum.x,
-                                          full || km[half].sees(m0 + qc), pr[0], ds[0]);
-          portable::score_grads<kSoftcap>(p, st[f][2 * half + 1], dpt[f][2 * half + 1],
-                                          lse.y * portable::kLog2e, dsum.y,
-                                          full || km[half].sees(m0 + qc + 1), pr[1], ds[1]);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float dp = dpt[f][2 * half + e] - (e ? dsum.y : dsum.x);
+            if constexpr (kSoftcap) {
+              const float t = st[f][2 * half + e];
+              pr[e] = portable::capped_prob(p, t, e ? lse2.y : lse2.x,
+                                            full || km[half].sees(m0 + qc + e));
+              ds[e] = pr[e] * dp * (1.f - t * t);
+            } else {
+              pr[e] = st[f][2 * half + e];
+              ds[e] = pr[e] * dp;
+            }
+          }
           a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
           a_ds[f / 2][2 * (f % 2) + half] = Mma::pack(ds[0], ds[1]);
         }

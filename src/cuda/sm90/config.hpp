@@ -33,12 +33,13 @@ static_assert(kFwd.block_m == 64 * kFwd.consumers, "one wgmma M per consumer war
 static_assert(128 * kFwd.producer_regs + 128 * kFwd.consumers * kFwd.consumer_regs <= 65536,
               "register file");
 
-// The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda picks the Hopper
-// forward. Measured on the H200 (docs/PERFORMANCE.md, 2026-11-30): with documents of at most ~750
-// tokens (docs_short_32k) the portable forward is faster (141 against 115 TFLOP/s: a CTA there
-// runs one to six key tiles, and the warp-specialized CTA's start-up is not amortized); with
-// documents of 512 to 8192 tokens the Hopper forward is (317 against 273). A forced cuda_sm90
-// takes every problem it supports.
+// The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
+// forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
+// (docs/PERFORMANCE.md, 2026-11-30): with documents of at most ~750 tokens (docs_short_32k) the
+// portable forward is faster (140 against 115 TFLOP/s: a CTA there runs one to six key tiles, and
+// the warp-specialized CTA's start-up is not amortized); with documents of 512 to 8192 tokens the
+// Hopper forward is (317 against 273). A forced cuda_sm90 runs every problem it supports on the
+// Hopper kernels in both directions.
 constexpr int kAutoMinSeqlenKv = 1024;
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
