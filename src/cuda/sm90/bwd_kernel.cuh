@@ -28,14 +28,6 @@ namespace sm90 {
 
 using portable::BwdParams;
 
-template <int NF>
-__device__ __forceinline__ void pin_a(uint32_t (&a)[NF][4]) {
-#pragma unroll
-  for (int j = 0; j < NF; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
-}
-
 template <class T, int D>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr int BM = kBwd.block_m, BN = kBwd.block_n;
@@ -273,8 +265,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     pin(dq);
     pin(acc_dv);
     pin(acc_dk);
-    //pin_a(a_p);
-    //pin_a(a_ds);
 
     const portable::DqTileTurn turn = portable::dq_tile_turn<BM, BN>(p, tc.tile, b, seg, h, m_tile);
     turn.wait(tid);
