@@ -1,7 +1,8 @@
-// Device pieces every backward main kernel shares (the portable mma.sync one and the Hopper wgmma
-// one): the score gradient of one element, the mask of one key row, the dQ scratch additions
-// through the Plan's DqAccumLayout, and the deterministic mode's turn-taking per dQ tile. The
-// kernels differ in how they multiply matrices, not in this math.
+// Device pieces the backward main kernels share: the dQ scratch additions through the Plan's
+// DqAccumLayout (both kernels), and, for the Hopper kernel, the score-gradient pieces, the mask of
+// one key row and the deterministic mode's turn-taking per dQ tile. The portable kernel keeps the
+// same math and protocol written inline in its loop: expressed through these helpers it compiled
+// to a backward 10% slower on the H200 (docs/PERFORMANCE.md, 2026-11-30).
 #pragma once
 
 #include "cuda/portable/math.cuh"
@@ -35,22 +36,6 @@ __device__ __forceinline__ float capped_tanh(const BwdParams& p, float x) {
 __device__ __forceinline__ float capped_prob(const BwdParams& p, float t, float lse2,
                                              bool visible) {
   return visible ? fast_exp2(t * (p.softcap * kLog2e) - lse2) : 0.f;
-}
-
-// P = softmax probability and dS = gradient of the raw score for one (query, key): x is the raw
-// score Q.K, dp = dO.V, lse2 = LSE * log2(e) and dsum = dot(dO, O) of the query row (the softmax
-// scale is applied to dK and dQ at the end). SOFTCAP is p.softcap > 0.
-template <bool SOFTCAP>
-__device__ __forceinline__ void score_grads(const BwdParams& p, float x, float dp, float lse2,
-                                            float dsum, bool visible, float& pr, float& ds) {
-  if (SOFTCAP) {
-    const float t = capped_tanh(p, x);
-    pr = capped_prob(p, t, lse2, visible);
-    ds = pr * (dp - dsum) * (1.f - t * t);
-  } else {
-    pr = score_prob(p, x, lse2, visible);
-    ds = pr * (dp - dsum);
-  }
 }
 
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) {

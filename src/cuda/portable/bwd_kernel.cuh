@@ -146,20 +146,26 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int kr = s_key0 + mf * 16 + lane / 4 + 8 * half;  // key row in the tile
-        const KeyRowMask km = key_row_mask(p.mask, n0 + kr, seg);
+        const int j = n0 + kr;
+        const int i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
+        const int i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
 #pragma unroll
         for (int f = 0; f < S_NF; ++f) {
           float pr[2], ds[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
-            const float x = st[mf][f][2 * half + e], dp = dpt[mf][f][2 * half + e];
-            const bool vis = full || km.sees(i);
+            float x = st[mf][f][2 * half + e], dtanh = 1.f;
             if (p.softcap > 0.f) {
-              score_grads<true>(p, x, dp, lse2[f][e], dsum[f][e], vis, pr[e], ds[e]);
+              const float t = fast_tanh(x * (p.scale / p.softcap));
+              x = t * (p.softcap * kLog2e);
+              dtanh = 1.f - t * t;
             } else {
-              score_grads<false>(p, x, dp, lse2[f][e], dsum[f][e], vis, pr[e], ds[e]);
+              x *= p.scale_log2;
             }
+            const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
+            const bool vis = full || (j < seg.len_kv && i >= i_lo && i < i_hi);
+            pr[e] = vis ? fast_exp2(x - lse2[f][e]) : 0.f;
+            ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsum[f][e]) * dtanh;
           }
           const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
           *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
@@ -180,19 +186,33 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     warp_gemm<T, DQ_MF, DQ_W / 8, BN, true, true>(dq, sdST, L.s_pitch, dq_row0, sK, L.k_pitch,
                                                   dq_col0, lane);
 
-    const DqTileTurn turn = dq_tile_turn<BM, BN>(p, tc.tile, b, seg, h, m_tile);
-    turn.wait(tid);
+    int32_t* lock = nullptr;
+    if (ordered) {
+      // The key tiles that add into this query tile form one contiguous range starting at the
+      // tile of the first key its first row sees; add in that order, so every run sums alike.
+      const int expected = tc.tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
+      const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
+      lock = p.locks + q_tile * p.heads_q + h;
+      if (tid == 0) {
+        while (atomicAdd(lock, 0) != expected) __nanosleep(64);
+        __threadfence();
+      }
+      __syncthreads();
+    }
 #pragma unroll
     for (int mf = 0; mf < DQ_MF; ++mf)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = m0 + dq_row0 + mf * 16 + lane / 4 + 8 * half;
         if (i < seg.len_q) {
-          add_dq_fragments<T>(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half,
-                              ordered);
+          add_dq_fragments<T>(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
         }
       }
-    turn.pass(tid);
+    if (ordered) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(lock, 1);
+    }
   }
 
   // Epilogue: dK (times the softmax scale) and dV of this warp's keys.
