@@ -272,8 +272,8 @@ int cmd_check(const Options& o) {
     std::vector<CaseSpec> taken;
     for (const CaseSpec& c : cases) {
       Plan plan;
-      const Status s = make_plan(verify::make_problem(c, verify::make_layout(c, 0)),
-                                 query_device(), &plan);
+      const Status s =
+          make_plan(verify::make_problem(c, verify::make_layout(c, 0)), query_device(), &plan);
       const bool hopper_dims = sm90::fwd_supports(c.dqk, c.dv) && sm90::bwd_supports(c.dqk, c.dv);
       if (s.code() == RATTN_ERROR_NOT_SUPPORTED && !hopper_dims) {
         skipped.push_back(c.name + ": " + s.message());
@@ -359,7 +359,7 @@ int cmd_run(const Options& o, bool bench) {
 
 int cmd_info(const Options& o) {
   std::printf("raggedattn %s\nbuild: %s\n", rattn_version(),
-              !built_with_cuda()             ? "CPU-only (cpu)"
+              !built_with_cuda()              ? "CPU-only (cpu)"
               : path_in_build(Path::CudaSm90) ? "CUDA backends (cuda_sm90, cuda_portable) and cpu"
                                               : "CUDA backends (cuda_portable) and cpu");
   const DeviceCaps caps = query_device();

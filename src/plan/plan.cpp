@@ -61,9 +61,9 @@ void plan_bwd_workspace(PlanData* d) {
   const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_FP32 ? AccumType::F32
                        : p.dtype == RATTN_DTYPE_FP16     ? AccumType::F16
                                                          : AccumType::BF16;
-  ws.dq_accum = make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch,
-                                     p.num_heads_q, p.head_dim_qk, p.total_q, p.max_seqlen_q,
-                                     portable::kDqAccumAlign);
+  ws.dq_accum =
+      make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch, p.num_heads_q,
+                           p.head_dim_qk, p.total_q, p.max_seqlen_q, portable::kDqAccumAlign);
   size_t cursor = 0;
   ws.dq_accum_region = take(&cursor, size_t(ws.dq_accum.bytes()));
   ws.dpsum = take(&cursor, size_t(d->row_stats().elements(p.num_heads_q)) * sizeof(float));
@@ -137,7 +137,8 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v) ||
       !sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     return str_cat("the Hopper path supports head_dim_qk=128, head_dim_v=128; given head_dim_qk=",
-                   p.head_dim_qk, ", head_dim_v=", p.head_dim_v, " (backend cuda_portable takes it)");
+                   p.head_dim_qk, ", head_dim_v=", p.head_dim_v,
+                   " (backend cuda_portable takes it)");
   }
   return "";
 }
@@ -149,27 +150,28 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
   RATTN_RETURN_IF_ERROR(portable_shapes(d));  // dtype checks and the portable shapes
   const Problem& p = d->problem;
   d->path = Path::CudaSm90;
+  // Forward tiles are query tiles (block_m rows), backward tiles key tiles (block_n rows).
   if (wgmma_forward) {
-    d->fwd.family = KernelFamily::Wgmma;
-    d->fwd.block_m = sm90::kFwd.block_m;
-    d->fwd.block_n = sm90::kFwd.block_n;
-    d->fwd.threads = sm90::kFwdThreads;
-    d->fwd.stages = sm90::kFwd.stages;
-    d->fwd.smem_bytes = sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes;
-    d->fwd.tiles = RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m);
+    d->fwd = LaunchShape{KernelFamily::Wgmma,
+                         sm90::kFwd.block_m,
+                         sm90::kFwd.block_n,
+                         sm90::kFwdThreads,
+                         sm90::kFwd.stages,
+                         sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
+                         RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m)};
   }
-  d->bwd.family = KernelFamily::Wgmma;
-  d->bwd.block_m = sm90::kBwd.block_m;
-  d->bwd.block_n = sm90::kBwd.block_n;
-  d->bwd.threads = sm90::kBwdThreads;
-  d->bwd.stages = sm90::kBwd.stages;
-  d->bwd.smem_bytes = sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes;
-  d->bwd.tiles = RaggedTiles::bound(p.total_kv, p.batch, sm90::kBwd.block_n);
+  d->bwd = LaunchShape{KernelFamily::Wgmma,
+                       sm90::kBwd.block_m,
+                       sm90::kBwd.block_n,
+                       sm90::kBwdThreads,
+                       sm90::kBwd.stages,
+                       sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
+                       RaggedTiles::bound(p.total_kv, p.batch, sm90::kBwd.block_n)};
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {
       return not_supported("make_plan", "the Hopper path needs ", s->smem_bytes,
-                           " bytes of shared memory per block; device ", d->caps.device,
-                           " allows ", d->caps.smem_per_block_optin);
+                           " bytes of shared memory per block; device ", d->caps.device, " allows ",
+                           d->caps.smem_per_block_optin);
     }
   }
   plan_bwd_workspace(d);
@@ -301,9 +303,10 @@ std::string Plan::describe() const {
                           " Hkv=", p.num_heads_kv, " D=", p.head_dim_qk, "/", p.head_dim_v);
   if (d.path != Path::Cpu) {
     s += str_cat(
-        " fwd[", kernel_family_name(d.fwd.family), " ", d.fwd.block_m, "x", d.fwd.block_n, " ", d.fwd.threads, "thr ",
-        d.fwd.smem_bytes / 1024, "KiB] bwd[", kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ", d.bwd.threads,
-        "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
+        " fwd[", kernel_family_name(d.fwd.family), " ", d.fwd.block_m, "x", d.fwd.block_n, " ",
+        d.fwd.threads, "thr ", d.fwd.smem_bytes / 1024, "KiB] bwd[",
+        kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
+        d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),
         p.deterministic ? " deterministic" : "");

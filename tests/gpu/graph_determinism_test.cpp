@@ -129,33 +129,33 @@ verify::CaseSpec pack_case(rattn_backend backend, bool deterministic, rattn_dq_a
 TEST_F(Fixture, DeterministicBackwardIsBitwiseStableOver20Runs) {
   RATTN_REQUIRE_GPU();
   for (rattn_backend backend : cuda_paths())
-  for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
-    Prepare(pack_case(backend, true, accum));
-    RATTN_OK(forward(plan_, Fwd(), nullptr, 0));
-    std::vector<unsigned char> first[3];
-    for (int run = 0; run < 20; ++run) {
-      Poison(dq_);
-      Poison(dk_);
-      Poison(dv_);
-      RATTN_OK(backward(plan_, Bwd(), ws_.ptr, ws_.bytes));
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const DeviceTensor* outs[3] = {&dq_, &dk_, &dv_};
-      for (int t = 0; t < 3; ++t) {
-        std::vector<unsigned char> got = Download(*outs[t]);
-        if (run == 0) {
-          first[t] = got;
-        } else {
-          ASSERT_EQ(std::memcmp(got.data(), first[t].data(), got.size()), 0)
-              << "tensor "
-              << (t == 0   ? "dQ"
-                  : t == 1 ? "dK"
-                           : "dV")
-              << " differs in run " << run << " (dq_accum " << verify::dq_accum_str(accum)
-              << ", path " << plan_.describe() << ")";
+    for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
+      Prepare(pack_case(backend, true, accum));
+      RATTN_OK(forward(plan_, Fwd(), nullptr, 0));
+      std::vector<unsigned char> first[3];
+      for (int run = 0; run < 20; ++run) {
+        Poison(dq_);
+        Poison(dk_);
+        Poison(dv_);
+        RATTN_OK(backward(plan_, Bwd(), ws_.ptr, ws_.bytes));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const DeviceTensor* outs[3] = {&dq_, &dk_, &dv_};
+        for (int t = 0; t < 3; ++t) {
+          std::vector<unsigned char> got = Download(*outs[t]);
+          if (run == 0) {
+            first[t] = got;
+          } else {
+            ASSERT_EQ(std::memcmp(got.data(), first[t].data(), got.size()), 0)
+                << "tensor "
+                << (t == 0   ? "dQ"
+                    : t == 1 ? "dK"
+                             : "dV")
+                << " differs in run " << run << " (dq_accum " << verify::dq_accum_str(accum)
+                << ", path " << plan_.describe() << ")";
+          }
         }
       }
     }
-  }
 }
 
 TEST_F(Fixture, GraphCaptureReplaysToTheSameBytes) {

@@ -1,7 +1,7 @@
 // The Hopper path (wgmma forward and backward) against the CPU reference, per segment and per
 // tensor: the named configurations it takes (head dims 128/128), bf16 and fp16, both dQ modes, the
-// deterministic mode, and random ragged problems drawn fresh every run. Skipped where there is no sm_90 device or the build
-// lacks the Hopper kernels.
+// deterministic mode, and random ragged problems drawn fresh every run. Skipped where there is no
+// sm_90 device or the build lacks the Hopper kernels.
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -16,8 +16,8 @@ namespace {
 
 using verify::CaseSpec;
 
-#define RATTN_REQUIRE_SM90()                                                              \
-  do {                                                                                    \
+#define RATTN_REQUIRE_SM90()                                                                \
+  do {                                                                                      \
     if (!::raggedattn::gpu_test::have_sm90()) GTEST_SKIP() << "no sm_90 device or kernels"; \
   } while (0)
 

@@ -12,6 +12,28 @@
 namespace raggedattn {
 namespace portable {
 
+// What one backward CTA covers: key tile tc of its segment (for one KV head), and the query tiles
+// of BM rows that see any of its keys, [m_first, m_first + m_count), for each of the GQA group's
+// query heads: steps = m_count * group.
+struct KeyTileWork {
+  Segment seg;
+  int n0, keys;
+  int m_first, m_count, steps;
+};
+template <int BM, int BN>
+__device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p, const TileCoord& tc) {
+  KeyTileWork w;
+  w.seg = p.segs.get(tc.segment);
+  w.n0 = tc.tile * BN;
+  w.keys = min(BN, w.seg.len_kv - w.n0);
+  const int q_lo = p.mask.query_begin(w.n0, w.seg.len_q, w.seg.len_kv);
+  const int q_hi = p.mask.query_end(w.n0 + w.keys - 1, w.seg.len_q, w.seg.len_kv);
+  w.m_first = q_lo / BM;
+  w.m_count = q_lo < q_hi ? (q_hi - 1) / BM - w.m_first + 1 : 0;
+  w.steps = w.m_count * p.group;
+  return w;
+}
+
 // The query rows that see key j of a segment: [lo, hi), empty for rows past the segment's keys.
 struct KeyRowMask {
   int lo, hi;
@@ -24,8 +46,7 @@ __device__ __forceinline__ KeyRowMask key_row_mask(const MaskSpec& m, int j, con
 
 // The pieces of the score gradient, for kernels that split it in passes (the Hopper kernel
 // computes P while dP is in flight). Without a soft cap: P = exp2(x * scale * log2(e) - lse2).
-__device__ __forceinline__ float score_prob(const BwdParams& p, float x, float lse2,
-                                            bool visible) {
+__device__ __forceinline__ float score_prob(const BwdParams& p, float x, float lse2, bool visible) {
   return visible ? fast_exp2(x * p.scale_log2 - lse2) : 0.f;
 }
 // Under a soft cap: t = tanh(x * scale / cap), P = exp2(t * cap * log2(e) - lse2), and the chain

@@ -46,14 +46,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   const TileCoord tc = p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
   if (tc.segment < 0) return;
   const int b = tc.segment, hk = blockIdx.y;
-  const Segment seg = p.segs.get(b);
-  const int n0 = tc.tile * BN;
-  const int keys = min(BN, seg.len_kv - n0);
-  const int q_lo = p.mask.query_begin(n0, seg.len_q, seg.len_kv);
-  const int q_hi = p.mask.query_end(n0 + keys - 1, seg.len_q, seg.len_kv);
-  const int m_first = q_lo / BM;
-  const int m_count = q_lo < q_hi ? (q_hi - 1) / BM - m_first + 1 : 0;
-  const int n_it = m_count * p.group;
+  const KeyTileWork w = key_tile_work<BM, BN>(p, tc);
+  const Segment& seg = w.seg;
+  const int n0 = w.n0, keys = w.keys, m_first = w.m_first, m_count = w.m_count, n_it = w.steps;
 
   // Warp coordinates in the three grids.
   const int s_key0 = (warp % C.s_warps_key) * S_KW, s_q0 = (warp / C.s_warps_key) * S_QW;

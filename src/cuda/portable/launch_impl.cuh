@@ -1,6 +1,7 @@
 // Definitions of the launchers; included only by the inst_*.cu translation units.
 #pragma once
 
+#include "cuda/launch_kernel.cuh"
 #include "cuda/portable/bwd_kernel.cuh"
 #include "cuda/portable/fwd_kernel.cuh"
 #include "cuda/portable/launch.cuh"
@@ -11,25 +12,13 @@ namespace portable {
 template <class T, int DQK, int DV>
 cudaError_t launch_fwd(const FwdParams& p, const LaunchShape& shape, int heads_q,
                        cudaStream_t stream) {
-  auto kernel = fwd_kernel<T, DQK, DV>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(shape.smem_bytes));
-  if (e != cudaSuccess) return e;
-  kernel<<<dim3(unsigned(shape.tiles), unsigned(heads_q)), shape.threads, shape.smem_bytes,
-           stream>>>(p);
-  return cudaGetLastError();
+  return cuda::launch_kernel(fwd_kernel<T, DQK, DV>, shape, heads_q, p, stream);
 }
 
 template <class T, int DQK, int DV>
 cudaError_t launch_bwd(const BwdParams& p, const LaunchShape& shape, int heads_kv,
                        cudaStream_t stream) {
-  auto kernel = bwd_kernel<T, DQK, DV>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(shape.smem_bytes));
-  if (e != cudaSuccess) return e;
-  kernel<<<dim3(unsigned(shape.tiles), unsigned(heads_kv)), shape.threads, shape.smem_bytes,
-           stream>>>(p);
-  return cudaGetLastError();
+  return cuda::launch_kernel(bwd_kernel<T, DQK, DV>, shape, heads_kv, p, stream);
 }
 
 }  // namespace portable

@@ -31,10 +31,10 @@ using portable::BwdParams;
 template <class T, int D>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr int BM = kBwd.block_m, BN = kBwd.block_n;
-  constexpr int KSTEPS = D / 16;      // k16 steps over the head dim (S^T, dP^T)
-  constexpr int QSTEPS = BM / 16;     // k16 steps over the step's queries (dV, dK)
-  constexpr int NSTEPS = BN / 16;     // k16 steps over the CTA's keys (dQ)
-  constexpr int PANEL = 64;           // 16-bit elements per 128-byte panel row
+  constexpr int KSTEPS = D / 16;   // k16 steps over the head dim (S^T, dP^T)
+  constexpr int QSTEPS = BM / 16;  // k16 steps over the step's queries (dV, dK)
+  constexpr int NSTEPS = BN / 16;  // k16 steps over the CTA's keys (dQ)
+  constexpr int PANEL = 64;        // 16-bit elements per 128-byte panel row
   constexpr BwdSmem L = bwd_smem(D, D);
   static_assert(D == 128, "dK and dV are one m64n128 accumulator each; dQ is two m64n64 halves");
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
@@ -52,14 +52,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const TileCoord tc = p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
   if (tc.segment < 0) return;
   const int b = tc.segment, hk = blockIdx.y;
-  const Segment seg = p.segs.get(b);
-  const int n0 = tc.tile * BN;
-  const int keys = min(BN, seg.len_kv - n0);
-  const int q_lo = p.mask.query_begin(n0, seg.len_q, seg.len_kv);
-  const int q_hi = p.mask.query_end(n0 + keys - 1, seg.len_q, seg.len_kv);
-  const int m_first = q_lo / BM;
-  const int m_count = q_lo < q_hi ? (q_hi - 1) / BM - m_first + 1 : 0;
-  const int n_it = m_count * p.group;
+  const portable::KeyTileWork w = portable::key_tile_work<BM, BN>(p, tc);
+  const Segment& seg = w.seg;
+  const int n0 = w.n0, keys = w.keys, m_first = w.m_first, m_count = w.m_count, n_it = w.steps;
 
   const uint32_t k_addr = smem_addr(smem + L.k), v_addr = smem_addr(smem + L.v);
   const uint32_t q_addr = smem_addr(smem + L.q), do_addr = smem_addr(smem + L.d_o);
@@ -122,30 +117,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     // operand descriptors (16 for K and V, 8 for dQ's K, 64 bits each) out of the loop and keeps
     // them in registers that the accumulators need.
     uint32_t k_base = k_addr, v_base = v_addr, ds_base = ds_addr;
-    uint32_t q_buf = q_addr + buf * uint32_t(L.q_stage), do_buf = do_addr + buf * uint32_t(L.do_stage);
+    uint32_t q_buf = q_addr + buf * uint32_t(L.q_stage),
+             do_buf = do_addr + buf * uint32_t(L.do_stage);
     asm volatile("" : "+r"(k_base), "+r"(v_base), "+r"(ds_base), "+r"(q_buf), "+r"(do_buf));
 
-    // S^T = K_c Q^T and dP^T = V_c dO^T: [64 keys x 64 queries] each.
+    // S^T = K_c Q^T and dP^T = V_c dO^T: [64 keys x 64 queries] each, both operands K-major:
+    // this warpgroup's 64 rows of K (V), all 64 rows of Q (dO), over the head dim's panels.
     float st[BM / 8][4], dpt[BM / 8][4];
+    auto issue_scores = [&](float(&acc)[BM / 8][4], uint32_t keys_tile, uint32_t queries_tile) {
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS; ++kk) {
+        const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+        ss_m64n64k16<T>(
+            acc,
+            desc_k_major(keys_tile + panel * BN * kSwizzleBytes + c * 64 * kSwizzleBytes + within),
+            desc_k_major(queries_tile + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      ss_m64n64k16<T>(st,
-                      desc_k_major(k_base + panel * BN * kSwizzleBytes + c * 64 * kSwizzleBytes +
-                                   within),
-                      desc_k_major(q_buf + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();  // group: S^T
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      ss_m64n64k16<T>(dpt,
-                      desc_k_major(v_base + panel * BN * kSwizzleBytes + c * 64 * kSwizzleBytes +
-                                   within),
-                      desc_k_major(do_buf + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();  // group: dP^T
+    issue_scores(st, k_base, q_buf);    // group: S^T
+    issue_scores(dpt, v_base, do_buf);  // group: dP^T
 
     // P^T and dS^T, packed into the register A operands of dV and dK (a[kc] holds columns
     // 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their statistics
@@ -254,11 +246,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < NSTEPS; ++kc) {
-      ss_m64n64k16_tab<T>(
-          dq, desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes),
-          desc_mn_major(k_base + c * BN * kSwizzleBytes + kc * 16 * kSwizzleBytes,
-                        BN * kSwizzleBytes),
-          kc > 0 ? 1 : 0);
+      ss_m64n64k16_tab<T>(dq, desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes),
+                          desc_mn_major(k_base + c * BN * kSwizzleBytes + kc * 16 * kSwizzleBytes,
+                                        BN * kSwizzleBytes),
+                          kc > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();

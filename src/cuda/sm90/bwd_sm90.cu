@@ -7,6 +7,7 @@
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/bwd_sequence.hpp"
+#include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
 
 namespace raggedattn {
@@ -15,13 +16,7 @@ namespace {
 
 template <class T>
 cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d, cudaStream_t s) {
-  auto kernel = sm90::bwd_kernel<T, 128>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(d.bwd.smem_bytes));
-  if (e != cudaSuccess) return e;
-  kernel<<<dim3(unsigned(d.bwd.tiles), unsigned(d.problem.num_heads_kv)), d.bwd.threads,
-           d.bwd.smem_bytes, s>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, d.problem.num_heads_kv, p, s);
 }
 
 cudaError_t launch(const portable::BwdParams& p, const PlanData& d, cudaStream_t s) {
@@ -36,9 +31,9 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
   // The Plan never sends other shapes here; the kernel's tile is the Plan's (config.hpp).
   if (!sm90::bwd_supports(pr.head_dim_qk, pr.head_dim_v) || d.bwd.block_m != sm90::kBwd.block_m ||
       d.bwd.block_n != sm90::kBwd.block_n) {
-    return not_supported("backward", "the Hopper backward has no kernel for head_dim_qk=",
-                         pr.head_dim_qk, ", head_dim_v=", pr.head_dim_v, " with tiles ",
-                         d.bwd.block_m, "x", d.bwd.block_n);
+    return not_supported(
+        "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
+        ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n);
   }
   return run_backward(d, t, workspace, stream, &launch);
 }

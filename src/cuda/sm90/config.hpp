@@ -22,8 +22,8 @@ namespace sm90 {
 struct FwdConfig {
   int block_m;
   int block_n;
-  int consumers;  // consumer warpgroups (64 query rows each)
-  int stages;     // K/V ring depth
+  int consumers;                     // consumer warpgroups (64 query rows each)
+  int stages;                        // K/V ring depth
   int producer_regs, consumer_regs;  // registers per thread after reallocation
 };
 
@@ -47,7 +47,7 @@ RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
   return dqk == 128 && dv == 128;
 }
 
-constexpr int kSwizzleBytes = 128;  // one panel row
+constexpr int kSwizzleBytes = 128;   // one panel row
 constexpr size_t kSmemAlign = 1024;  // a swizzle atom: 8 rows x 128 bytes
 
 RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
@@ -63,7 +63,7 @@ struct BwdConfig {
   int block_m;  // queries per step
   int block_n;  // keys per CTA
   int warpgroups;
-  int stages;   // Q / dO ring depth
+  int stages;  // Q / dO ring depth
 };
 constexpr BwdConfig kBwd{64, 128, 2, 2};
 constexpr int kBwdThreads = kBwd.warpgroups * 128;
@@ -75,10 +75,10 @@ RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
 }
 
 struct FwdSmem {
-  size_t q, k, v;     // byte offsets from the 1024-aligned base
+  size_t q, k, v;  // byte offsets from the 1024-aligned base
   size_t k_stage, v_stage;
-  size_t bars;        // mbarriers: Q full, then full[stages], empty[stages]
-  size_t bytes;       // dynamic shared memory to request (alignment slack included)
+  size_t bars;   // mbarriers: Q full, then full[stages], empty[stages]
+  size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
 RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
   FwdSmem s{};

@@ -5,6 +5,7 @@
 
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
+#include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/fwd_kernel.cuh"
 
 namespace raggedattn {
@@ -13,13 +14,7 @@ namespace {
 
 template <class T>
 cudaError_t launch(const portable::FwdParams& p, const PlanData& d, cudaStream_t s) {
-  auto kernel = sm90::fwd_kernel<T, 128>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(d.fwd.smem_bytes));
-  if (e != cudaSuccess) return e;
-  kernel<<<dim3(unsigned(d.fwd.tiles), unsigned(d.problem.num_heads_q)), d.fwd.threads,
-           d.fwd.smem_bytes, s>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(sm90::fwd_kernel<T, 128>, d.fwd, d.problem.num_heads_q, p, s);
 }
 
 }  // namespace
@@ -28,16 +23,17 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* /*workspace*/,
   const Problem& pr = d.problem;
   if (pr.total_q == 0) return Status::Ok();
   if (!sm90::fwd_supports(pr.head_dim_qk, pr.head_dim_v)) {  // the Plan never sends these here
-    return not_supported("forward", "the Hopper forward has no kernel for head_dim_qk=",
-                         pr.head_dim_qk, ", head_dim_v=", pr.head_dim_v);
+    return not_supported("forward",
+                         "the Hopper forward has no kernel for head_dim_qk=", pr.head_dim_qk,
+                         ", head_dim_v=", pr.head_dim_v);
   }
   const portable::FwdParams p = portable::make_fwd_params(d, t);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const cudaError_t e = pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(p, d, s)
-                                                     : launch<__half>(p, d, s);
+  const cudaError_t e =
+      pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(p, d, s) : launch<__half>(p, d, s);
   if (e == cudaSuccess) return Status::Ok();
-  return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: forward (sm90): ", cudaGetErrorName(e),
-                                          ": ", cudaGetErrorString(e)));
+  return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: forward (sm90): ", cudaGetErrorName(e), ": ",
+                                          cudaGetErrorString(e)));
 }
 
 }  // namespace cuda
