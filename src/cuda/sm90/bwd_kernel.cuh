@@ -6,7 +6,8 @@
 // head of its GQA group, double-buffered with cp.async. Per step, in warpgroup c:
 //   S^T  = K_c Q^T     8 x m64n64k16, both operands K-major in shared memory
 //   dP^T = V_c dO^T    8 x m64n64k16
-//   P^T, dS^T          on the registers (the portable kernel's score_grads and key-row mask)
+//   P^T, dS^T          on the registers (bwd_common.cuh: the score pieces, the key-row mask);
+//                      P^T while dP^T is still in flight
 //   dV  += P^T dO      4 x m64n128k16, P^T from registers, dO N-major in shared memory
 //   dK  += dS^T Q      4 x m64n128k16, dS^T from registers, Q N-major
 //   dS^T -> shared memory ([key][query], 128-byte swizzled), one CTA barrier
