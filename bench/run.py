@@ -31,14 +31,14 @@ ANCHOR_KEYS = {
 }
 
 
-def run_ours(cli, lens, causal, variant_args, repeat):
+def run_ours(cli, lens, causal, variant_args, repeat, env=None):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
                "--dim", str(D), "--dtype", "bf16", "--repeat", str(repeat), "--json", out]
         cmd += ["--causal"] if causal else []
         cmd += variant_args
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             return {"error": (r.stderr or r.stdout)[-400:]}
         with open(out) as f:
@@ -72,10 +72,19 @@ def main():
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
+    ap.add_argument("--lib", action="append", default=[], metavar="TAG=DIR",
+                    help="also measure the variants with the library in DIR (another build of "
+                         "libraggedattn.so, e.g. a branch's), named <variant>_<TAG>; repeatable")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
     names = args.workloads.split(",")
+    # This build, then each --lib build (the CLI loads libraggedattn.so from LD_LIBRARY_PATH first).
+    builds = [("", None)]
+    for spec in args.lib:
+        tag, _, path = spec.partition("=")
+        env = dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(path))
+        builds.append((tag, env))
     # The library's default (the best CUDA path: the Hopper path where it takes the problem), its
     # 16-bit dQ scratch, and the portable path forced, so both paths are measured each run.
     # The Hopper path forced as well, so it is measured also where auto takes the portable one.
@@ -94,9 +103,11 @@ def main():
     for name in names:
         lens, causal = WORKLOADS[name]
         row = {}
-        for impl, extra in variants.items():
-            row[impl] = run_ours(args.cli, lens, causal, extra, args.repeat)
-            print(name, impl, json.dumps(row[impl]), flush=True)
+        for tag, env in builds:
+            for impl, extra in variants.items():
+                key = impl + (f"_{tag}" if tag else "")
+                row[key] = run_ours(args.cli, lens, causal, extra, args.repeat, env)
+                print(name, key, json.dumps(row[key]), flush=True)
         report["workloads"][name] = row
 
     if not args.no_anchors and args.anchors:
