@@ -4,12 +4,15 @@
 #
 #   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
 #
-# STEPs: info check tests sanitize profile bench anchors python train
+# STEPs: info check tests sanitize profile bench anchors python train ab
 # (default: info check tests sanitize bench).
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
 # `anchors` needs ANCHORS_DIR (the anchor scripts). `python` installs the package over BUILD_DIR's
 # library (no compiler run, no network) and runs tests/python; `train` then runs
-# examples/train_packed with every run, the corruption experiment included.
+# examples/train_packed with every run, the corruption experiment included. `ab` needs
+# AB_LIBS="TAG=DIR ...": other builds of libraggedattn.so (a branch's, staged with
+# `scripts/stage_build.sh BUILD DEST --lib-only`); it runs the Hopper and determinism suites on
+# each, then one benchmark of this build and every other one side by side.
 # Each step's log goes to OUT_DIR/<step>.txt.
 set -u
 build=$(cd "$1" && pwd)
@@ -83,6 +86,17 @@ for s in $steps; do
         -C cmake.define.RATTN_CUDA=OFF
       # PYTEST_ARGS (say -k "cuda or gpu") narrows the run.
       step pytest 480 env -C /tmp python3 -m pytest -q -rs ${PYTEST_ARGS:-} "$repo/tests/python" ;;
+    ab)
+      libs=""
+      for spec in ${AB_LIBS:?set AB_LIBS}; do
+        tag=${spec%%=*}
+        dir=$(cd "${spec#*=}" && pwd)
+        step "gpu_tests_$tag" 300 env LD_LIBRARY_PATH="$dir" "$build/tests/gpu/raggedattn_gpu_tests" \
+          --gtest_brief=1 --gtest_filter='Sm90*:HopperRandom*:Fixture*'
+        libs="$libs --lib $tag=$dir"
+      done
+      step bench_ab 400 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors \
+        --variants raggedattn,raggedattn_sm90 --repeat 10 $libs --out "$out/ab" ;;
     train)
       step train 540 python3 "$repo/examples/train_packed/train.py" --device cuda \
         --runs reference,raggedattn,raggedattn_dq_bf16,raggedattn_deterministic,raggedattn_dq_corrupt --out "$out/train" ;;
