@@ -7,6 +7,7 @@
 #pragma once
 
 #include "cuda/portable/config.hpp"
+#include "cuda/portable/fwd_common.cuh"
 #include "cuda/portable/math.cuh"
 #include "cuda/portable/params.hpp"
 #include "cuda/portable/warp_mma.cuh"
@@ -38,11 +39,9 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const int h = blockIdx.y, hk = h / p.group;
-  const Segment seg = p.segs.get(tc.segment);
-  const int m0 = tc.tile * BM;
-  const int rows = min(BM, seg.len_q - m0);
-  const int key_lo = p.mask.key_begin(m0, seg.len_q, seg.len_kv);
-  const int key_hi = p.mask.key_end(m0 + rows - 1, seg.len_q, seg.len_kv);
+  const QueryTileWork w = query_tile_work<BM>(p, tc);
+  const Segment seg = w.seg;
+  const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
 
   T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
   float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);

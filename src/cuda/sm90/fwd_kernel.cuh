@@ -16,6 +16,7 @@
 // are the portable forward's; only the matrix products and the shared-memory layout differ.
 #pragma once
 
+#include "cuda/portable/fwd_common.cuh"
 #include "cuda/portable/math.cuh"
 #include "cuda/portable/params.hpp"
 #include "cuda/portable/warp_mma.cuh"
@@ -31,8 +32,8 @@ using portable::FwdParams;
 template <class T, int D>
 __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int BM = kFwd.block_m, BN = kFwd.block_n, STAGES = kFwd.stages;
-  constexpr int NF = BN / 8;   // n8 fragments of a score row block
-  constexpr int OF = D / 8;    // n8 fragments of the output row block (one m64nD accumulator)
+  constexpr int NF = BN / 8;  // n8 fragments of a score row block
+  constexpr int OF = D / 8;   // n8 fragments of the output row block (one m64nD accumulator)
   constexpr int KSTEPS = D / 16;
   constexpr FwdSmem L = fwd_smem(D, D);
   static_assert(D == 128, "P V is one m64n128 instruction per 16 keys");
@@ -42,19 +43,17 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
-  uint64_t* full = q_full + 1;       // [STAGES]: a K/V tile has landed (producer arrivals)
-  uint64_t* empty = full + STAGES;   // [STAGES]: both consumers are done with a stage
+  uint64_t* full = q_full + 1;      // [STAGES]: a K/V tile has landed (producer arrivals)
+  uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
   const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const int h = blockIdx.y, hk = h / p.group;
-  const Segment seg = p.segs.get(tc.segment);
-  const int m0 = tc.tile * BM;
-  const int rows = min(BM, seg.len_q - m0);
-  const int key_lo = p.mask.key_begin(m0, seg.len_q, seg.len_kv);
-  const int key_hi = p.mask.key_end(m0 + rows - 1, seg.len_q, seg.len_kv);
+  const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
+  const Segment seg = w.seg;
+  const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
 
   T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
   float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
@@ -96,10 +95,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       const int s = i % STAGES;
       if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
       const int n0 = (n_first + i) * BN;
-      load_tile_sw128<BN, D, 128>(smem + L.k + s * L.k_stage, k + int64_t(n0) * k_stride,
-                                  k_stride, seg.len_kv - n0, ptid);
-      load_tile_sw128<BN, D, 128>(smem + L.v + s * L.v_stage, v + int64_t(n0) * v_stride,
-                                  v_stride, seg.len_kv - n0, ptid);
+      load_tile_sw128<BN, D, 128>(smem + L.k + s * L.k_stage, k + int64_t(n0) * k_stride, k_stride,
+                                  seg.len_kv - n0, ptid);
+      load_tile_sw128<BN, D, 128>(smem + L.v + s * L.v_stage, v + int64_t(n0) * v_stride, v_stride,
+                                  seg.len_kv - n0, ptid);
       portable::cp_async_commit();
       portable::cp_async_wait<1>();  // Q (i = 0) or tile i - 1 has landed
       fence_proxy_async_smem();
@@ -142,10 +141,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      const uint64_t da = desc_k_major(q_addr + panel * BM * kSwizzleBytes +
-                                       cw * 64 * kSwizzleBytes + within);
-      const uint64_t db = desc_k_major(k_addr + stage * uint32_t(L.k_stage) +
-                                       panel * BN * kSwizzleBytes + within);
+      const uint64_t da =
+          desc_k_major(q_addr + panel * BM * kSwizzleBytes + cw * 64 * kSwizzleBytes + within);
+      const uint64_t db =
+          desc_k_major(k_addr + stage * uint32_t(L.k_stage) + panel * BN * kSwizzleBytes + within);
       ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
     }
   };
