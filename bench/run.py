@@ -83,6 +83,10 @@ def main():
     builds = [("", None)]
     for spec in args.lib:
         tag, _, path = spec.partition("=")
+        if not os.path.isfile(os.path.join(path, "libraggedattn.so")):
+            # Without the library there, the loader would fall back to this build's copy and the
+            # comparison would silently measure the same library twice.
+            ap.error(f"--lib {spec}: {path} holds no libraggedattn.so")
         env = dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(path))
         builds.append((tag, env))
     # The library's default (the best CUDA path: the Hopper path where it takes the problem), its

@@ -91,6 +91,9 @@ for s in $steps; do
       for spec in ${AB_LIBS:?set AB_LIBS}; do
         tag=${spec%%=*}
         dir=$(cd "${spec#*=}" && pwd)
+        # Without the library in DIR the loader falls back to BUILD_DIR's copy: refuse, or the
+        # comparison would silently measure one build twice.
+        [ -f "$dir/libraggedattn.so" ] || { echo "AB_LIBS: $dir holds no libraggedattn.so" >&2; exit 2; }
         step "gpu_tests_$tag" 300 env LD_LIBRARY_PATH="$dir" "$build/tests/gpu/raggedattn_gpu_tests" \
           --gtest_brief=1 --gtest_filter='Sm90*:HopperRandom*:Fixture*'
         libs="$libs --lib $tag=$dir"
