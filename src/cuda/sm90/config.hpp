@@ -19,6 +19,14 @@
 namespace raggedattn {
 namespace sm90 {
 
+// setmaxnreg moves registers within the CTA's own pool: what the launch allocated, threads times
+// the per-thread count ptxas gives a kernel under __launch_bounds__(threads, 1) (the register
+// file's share, a multiple of 8). A setmaxnreg.inc that the pool cannot serve blocks forever, so
+// the warpgroups' counts after reallocation must fit this pool, not the whole register file.
+RATTN_HD constexpr int register_pool(int threads) {
+  return (65536 / threads) / 8 * 8 * threads;
+}
+
 struct FwdConfig {
   int block_m;
   int block_n;
@@ -30,8 +38,9 @@ struct FwdConfig {
 constexpr FwdConfig kFwd{128, 128, 2, 3, 40, 232};
 constexpr int kFwdThreads = (kFwd.consumers + 1) * 128;
 static_assert(kFwd.block_m == 64 * kFwd.consumers, "one wgmma M per consumer warpgroup");
-static_assert(128 * kFwd.producer_regs + 128 * kFwd.consumers * kFwd.consumer_regs <= 65536,
-              "register file");
+static_assert(128 * kFwd.producer_regs + 128 * kFwd.consumers * kFwd.consumer_regs <=
+                  register_pool(kFwdThreads),
+              "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
 // forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
@@ -67,11 +76,12 @@ struct BwdConfig {
   int stages;                        // Q / dO ring depth
   int producer_regs, consumer_regs;  // registers per thread after reallocation
 };
-constexpr BwdConfig kBwd{64, 128, 2, 2, 32, 240};
+constexpr BwdConfig kBwd{64, 128, 2, 2, 32, 232};
 constexpr int kBwdThreads = (kBwd.consumers + 1) * 128;
 static_assert(kBwd.block_n == 64 * kBwd.consumers, "one wgmma M of keys per consumer warpgroup");
-static_assert(128 * kBwd.producer_regs + 128 * kBwd.consumers * kBwd.consumer_regs <= 65536,
-              "register file");
+static_assert(128 * kBwd.producer_regs + 128 * kBwd.consumers * kBwd.consumer_regs <=
+                  register_pool(kBwdThreads),
+              "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The head dims the Hopper backward is built for.
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
