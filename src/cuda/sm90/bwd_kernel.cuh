@@ -1,7 +1,8 @@
 // Backward main kernel of the Hopper path (sm_90a): one CTA per (key tile of a segment, KV head),
 // the portable backward's tile map and loop, with every product on wgmma. Warp-specialized:
-//   producer warpgroup (32 registers): warp 0 copies K/V once and the Q/dO/LSE/dot(dO,O) stages
-//     with cp.async into a ring handed over with mbarriers (full/empty); warp 1 adds each step's
+//   producer warpgroup (32 registers): warp 0 copies K/V once (cp.async) and the Q/dO/LSE/dot(dO,O)
+//     stages (Q and dO by TMA inside a segment) into a ring handed over with mbarriers
+//     (full/empty); warp 1 adds each step's
 //     dQ tile into the scratch with one bulk reduce-add from shared memory (cp.reduce.async.bulk;
 //     in deterministic mode it waits for the tile's turn first); warps 2-3 exit.
 //   two consumer warpgroups (240 registers) of 64 keys each (c = 0, 1). dK and dV of those keys
@@ -31,8 +32,17 @@ namespace sm90 {
 
 using portable::BwdParams;
 
+// The kernel's parameters: the shared backward parameters and the TMA maps of Q and dO (boxes of
+// block_m rows, tensor_map.hpp).
+struct BwdTmaParams {
+  BwdParams p;
+  CUtensorMap q_map, do_map;
+};
+
 template <class T, int D>
-__global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdTmaParams a) {
+  const BwdParams& p = a.p;
   constexpr int BM = kBwd.block_m, BN = kBwd.block_n;
   constexpr int KSTEPS = D / 16;   // k16 steps over the head dim (S^T, dP^T)
   constexpr int QSTEPS = BM / 16;  // k16 steps over the step's queries (dV, dK)
@@ -79,9 +89,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     regs_dealloc<kBwd.producer_regs>();
     const int warp = tid / 32;
     if (warp == 0) {
-      // ---- Loads: K/V once, then stage `it` into buffer it % STAGES once both consumers freed
-      // it. Each thread makes its own copies visible (wait, proxy fence) before arriving, one
-      // stage behind the copies it issues, so two stages are in flight.
+      // ---- Loads: K/V once (cp.async), then stage `it` into buffer it % STAGES once both
+      // consumers freed it. A Q/dO tile inside its segment comes by TMA (lane 0 issues two boxes
+      // per tensor, completing on the stage's barrier); a segment's last, partial tile by cp.async
+      // with zero fill (rows past the segment may hold anything, NaN included, and P^T dO and
+      // dS^T Q would carry it into dV and dK). LSE and dot(dO, O) always by cp.async. Each lane
+      // waits for its own copies, makes them visible to the async proxy and arrives, so a stage's
+      // barrier completes when all 32 lanes and the TMA bytes are in.
       if (n_it == 0) return;
       const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0 + n0, hk);
       const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
@@ -95,12 +109,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         const int m0 = (m_first + it % m_count) * BM;
         const int64_t row0 = seg.q_row0 + m0;
         const int valid = seg.len_q - m0;
-        load_tile_sw128<BM, D, 32, 1>(smem + L.q + s * L.q_stage,
-                                      static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
-                                      p.q_layout.token_stride, valid, lane);
-        load_tile_sw128<BM, D, 32, 1>(smem + L.d_o + s * L.do_stage,
-                                      static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
-                                      p.do_layout.token_stride, valid, lane);
+        unsigned char* q_dst = smem + L.q + s * L.q_stage;
+        unsigned char* do_dst = smem + L.d_o + s * L.do_stage;
+        if (valid >= BM) {
+          if (lane == 0) {
+            mbar_expect_tx(&full[s], uint32_t(L.q_stage + L.do_stage));
+#pragma unroll
+            for (int panel = 0; panel < D / PANEL; ++panel) {
+              tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &a.q_map, panel * PANEL, h,
+                          int(row0), &full[s]);
+              tma_load_3d(do_dst + panel * BM * kSwizzleBytes, &a.do_map, panel * PANEL, h,
+                          int(row0), &full[s]);
+            }
+          }
+        } else {
+          load_tile_sw128<BM, D, 32, 1>(q_dst,
+                                        static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
+                                        p.q_layout.token_stride, valid, lane);
+          load_tile_sw128<BM, D, 32, 1>(do_dst,
+                                        static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
+                                        p.do_layout.token_stride, valid, lane);
+        }
         float* s_lse = reinterpret_cast<float*>(smem + L.lse + s * L.stat_stage);
         float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + s * L.stat_stage);
         const int64_t stat = p.stats.offset(h, row0);
@@ -111,13 +140,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           portable::cp_async_4(s_dp + r, p.dpsum + (ok ? stat + r : 0), ok);
         }
         portable::cp_async_commit();
-        portable::cp_async_wait<1>();  // K/V (it = 0) or stage it - 1 has landed
+        portable::cp_async_wait<0>();  // this lane's copies (K/V too, at it = 0) have landed
         fence_proxy_async_smem();
-        mbar_arrive(it == 0 ? kv_full : &full[(it - 1) % STAGES]);
+        if (it == 0) mbar_arrive(kv_full);
+        mbar_arrive(&full[s]);
       }
-      portable::cp_async_wait<0>();
-      fence_proxy_async_smem();
-      mbar_arrive(&full[(n_it - 1) % STAGES]);
     } else if (warp == 1 && lane == 0) {
       // ---- dQ: each step's tile, rows [m0, m0 + valid) of head h, into the scratch.
       for (int it = 0; it < n_it; ++it) {

@@ -2,6 +2,8 @@
 // writes a tile in the 128-byte-swizzled panel layout of config.hpp.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the type only; nothing here calls the driver)
+
 #include <cstdint>
 
 #include "cuda/portable/warp_mma.cuh"
@@ -77,6 +79,27 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_%=;\n}\n" ::"r"(portable::smem_addr(bar)),
       "r"(parity)
+      : "memory");
+}
+
+// Adds `bytes` to the transaction count the current phase waits for (the TMA copies that
+// complete_tx on it); issue before the copies.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(
+                   portable::smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// TMA: box (c0, c1, c2) of a 3-d tensor map (tensor_map.hpp: dim 0 the head dim, 1 the head,
+// 2 the row) into shared memory, completing `bytes` of the barrier's transaction count.
+__device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(portable::smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(portable::smem_addr(bar))
       : "memory");
 }
 
