@@ -67,6 +67,12 @@ Problem long_problem(rattn_backend backend) {
   return p;
 }
 
+// How describe() shows the Hopper backward's launch shape (config.hpp).
+std::string sm90_bwd_shape() {
+  return "bwd[wgmma " + std::to_string(sm90::kBwd.block_m) + "x" +
+         std::to_string(sm90::kBwd.block_n) + " " + std::to_string(sm90::kBwdThreads) + "thr";
+}
+
 TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA}) {
     Plan plan;
@@ -85,7 +91,7 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       EXPECT_EQ(plan.path(), Path::CudaSm90);
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
       EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
-      EXPECT_THAT(plan.describe(), HasSubstr("bwd[wgmma 64x128 256thr"));
+      EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
     } else {
       EXPECT_EQ(plan.path(), Path::CudaPortable);
     }
@@ -125,7 +131,7 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
   EXPECT_EQ(plan.data().fwd.family, KernelFamily::MmaSync);
   EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
   EXPECT_THAT(plan.describe(), HasSubstr("fwd[mma.sync 128x64 128thr"));
-  EXPECT_THAT(plan.describe(), HasSubstr("bwd[wgmma 64x128 256thr"));
+  EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
   short_docs.backend = RATTN_BACKEND_CUDA_SM90;
   ASSERT_TRUE(make_plan(short_docs, fake_hopper_caps(), &plan).ok());
   EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);

@@ -1,19 +1,22 @@
 // Backward main kernel of the Hopper path (sm_90a): one CTA per (key tile of a segment, KV head),
-// the portable backward's tile map and loop, with every product on wgmma.
-//
-// Two warpgroups own 64 keys each (c = 0, 1). dK and dV of those keys accumulate in registers
-// (two m64n128 fp32 accumulators) while the CTA streams the query tiles (64 rows) of every query
-// head of its GQA group, double-buffered with cp.async. Per step, in warpgroup c:
+// the portable backward's tile map and loop, with every product on wgmma. Warp-specialized:
+//   producer warpgroup (32 registers): warp 0 copies K/V once (cp.async) and the Q/dO/LSE/dot(dO,O)
+//     stages (Q and dO by TMA inside a segment) into a ring handed over with mbarriers
+//     (full/empty); warp 1 adds each step's
+//     dQ tile into the scratch with one bulk reduce-add from shared memory (cp.reduce.async.bulk;
+//     in deterministic mode it waits for the tile's turn first); warps 2-3 exit.
+//   two consumer warpgroups (240 registers) of 64 keys each (c = 0, 1). dK and dV of those keys
+//     accumulate in registers (two m64n128 fp32 accumulators) while the CTA streams the query tiles
+//     (64 rows) of every query head of its GQA group. Per step, in warpgroup c:
 //   S^T  = K_c Q^T     8 x m64n64k16, both operands K-major in shared memory
 //   dP^T = V_c dO^T    8 x m64n64k16
-//   P^T, dS^T          on the registers (bwd_common.cuh: the score pieces, the key-row mask);
-//                      P^T while dP^T is still in flight
+//   P^T, dS^T          on the registers (P^T while dP^T is in flight)
 //   dV  += P^T dO      4 x m64n128k16, P^T from registers, dO N-major in shared memory
-//   dK  += dS^T Q      4 x m64n128k16, dS^T from registers, Q N-major
-//   dS^T -> shared memory ([key][query], 128-byte swizzled), one CTA barrier
+//   dK  += dS^T Q      4 x m64n128k16, dS^T from registers, Q N-major; the stage is released
+//   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers), a consumers' barrier
 //   dQ[:, 64c .. 64c + 63] = dS K   8 x m64n64k16 over the 128 keys, dS read M-major, K N-major
-//   dQ added into the scratch at the Plan's DqAccumLayout offsets (fp32 or 16-bit atomics, or
-//   in order under the deterministic mode's turns), as in the portable kernel.
+//   dQ -> the shared dQ tile (the scratch's element type and row layout), handed to warp 1.
+// The consumers never wait on global memory, atomics or the deterministic turns.
 // Shared-memory tiles use the 128-byte-swizzled panel layout of config.hpp (hopper.cuh).
 #pragma once
 
@@ -29,19 +32,27 @@ namespace sm90 {
 
 using portable::BwdParams;
 
+// The kernel's parameters: the shared backward parameters and the TMA maps of Q and dO (boxes of
+// block_m rows, tensor_map.hpp).
+struct BwdTmaParams {
+  BwdParams p;
+  CUtensorMap q_map, do_map;
+};
+
 template <class T, int D>
-__global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdTmaParams a) {
+  const BwdParams& p = a.p;
   constexpr int BM = kBwd.block_m, BN = kBwd.block_n;
   constexpr int KSTEPS = D / 16;   // k16 steps over the head dim (S^T, dP^T)
   constexpr int QSTEPS = BM / 16;  // k16 steps over the step's queries (dV, dK)
   constexpr int NSTEPS = BN / 16;  // k16 steps over the CTA's keys (dQ)
   constexpr int PANEL = 64;        // 16-bit elements per 128-byte panel row
   constexpr BwdSmem L = bwd_smem(D, D);
+  constexpr int STAGES = kBwd.stages;
   static_assert(D == 128, "dK and dV are one m64n128 accumulator each; dQ is two m64n64 halves");
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
-  static_assert(kBwd.stages == 2, "the step loop double-buffers Q and dO");
   using Mma = portable::MmaType<T>;
-  using portable::cp_async_4;
   using portable::smem_addr;
 
   extern __shared__ unsigned char smem_raw[];
@@ -49,7 +60,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
 
   const int tid = threadIdx.x, lane = tid % 32;
-  const int c = tid / 128, warp_in_wg = (tid % 128) / 32;
+  const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
   const TileCoord tc = p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
   if (tc.segment < 0) return;
   const int b = tc.segment, hk = blockIdx.y;
@@ -57,6 +68,128 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const Segment& seg = w.seg;
   const int n0 = w.n0, keys = w.keys, m_first = w.m_first, m_count = w.m_count, n_it = w.steps;
 
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L.bars);
+  uint64_t* full = kv_full + 1;        // [STAGES]: a Q/dO stage has landed (warp 0's 32 arrivals)
+  uint64_t* empty = full + STAGES;     // [STAGES]: both consumers are done with a stage
+  uint64_t* dq_full = empty + STAGES;  // the consumers wrote the step's dQ tile
+  uint64_t* dq_empty = dq_full + 1;    // warp 1 has read it out
+  constexpr int kConsumerThreads = 128 * kBwd.consumers;
+  if (tid == 0) {
+    mbar_init(kv_full, 32);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 32);
+      mbar_init(&empty[s], kConsumerThreads);
+    }
+    mbar_init(dq_full, kConsumerThreads);
+    mbar_init(dq_empty, 1);
+  }
+  __syncthreads();  // barriers initialized before anyone arrives or waits
+
+  if (wg == 0) {
+    regs_dealloc<kBwd.producer_regs>();
+    const int warp = tid / 32;
+    if (warp == 0) {
+      // ---- Loads: K/V once (cp.async), then stage `it` into buffer it % STAGES once both
+      // consumers freed it. A Q/dO tile inside its segment comes by TMA (lane 0 issues two boxes
+      // per tensor, completing on the stage's barrier); a segment's last, partial tile by cp.async
+      // with zero fill (rows past the segment may hold anything, NaN included, and P^T dO and
+      // dS^T Q would carry it into dV and dK). LSE and dot(dO, O) always by cp.async. Each lane
+      // waits for its own copies, makes them visible to the async proxy and arrives, so a stage's
+      // barrier completes when all 32 lanes and the TMA bytes are in.
+      if (n_it == 0) return;
+      const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0 + n0, hk);
+      const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
+      load_tile_sw128<BN, D, 32, 1>(smem + L.k, k, p.k_layout.token_stride, keys, lane);
+      load_tile_sw128<BN, D, 32, 1>(smem + L.v, v, p.v_layout.token_stride, keys, lane);
+      portable::cp_async_commit();
+      for (int it = 0; it < n_it; ++it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+        const int h = hk * p.group + it / m_count;
+        const int m0 = (m_first + it % m_count) * BM;
+        const int64_t row0 = seg.q_row0 + m0;
+        const int valid = seg.len_q - m0;
+        unsigned char* q_dst = smem + L.q + s * L.q_stage;
+        unsigned char* do_dst = smem + L.d_o + s * L.do_stage;
+        if (valid >= BM) {
+          if (lane == 0) {
+            mbar_expect_tx(&full[s], uint32_t(L.q_stage + L.do_stage));
+#pragma unroll
+            for (int panel = 0; panel < D / PANEL; ++panel) {
+              tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &a.q_map, panel * PANEL, h,
+                          int(row0), &full[s]);
+              tma_load_3d(do_dst + panel * BM * kSwizzleBytes, &a.do_map, panel * PANEL, h,
+                          int(row0), &full[s]);
+            }
+          }
+        } else {
+          load_tile_sw128<BM, D, 32, 1>(q_dst,
+                                        static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
+                                        p.q_layout.token_stride, valid, lane);
+          load_tile_sw128<BM, D, 32, 1>(do_dst,
+                                        static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
+                                        p.do_layout.token_stride, valid, lane);
+        }
+        float* s_lse = reinterpret_cast<float*>(smem + L.lse + s * L.stat_stage);
+        float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + s * L.stat_stage);
+        const int64_t stat = p.stats.offset(h, row0);
+#pragma unroll
+        for (int r = lane; r < BM; r += 32) {
+          const bool ok = r < valid;
+          portable::cp_async_4(s_lse + r, p.lse + (ok ? stat + r : 0), ok);
+          portable::cp_async_4(s_dp + r, p.dpsum + (ok ? stat + r : 0), ok);
+        }
+        portable::cp_async_commit();
+        portable::cp_async_wait<0>();  // this lane's copies (K/V too, at it = 0) have landed
+        fence_proxy_async_smem();
+        if (it == 0) mbar_arrive(kv_full);
+        mbar_arrive(&full[s]);
+      }
+    } else if (warp == 1 && lane == 0) {
+      // ---- dQ: each step's tile, rows [m0, m0 + valid) of head h, into the scratch.
+      for (int it = 0; it < n_it; ++it) {
+        const int h = hk * p.group + it / m_count;
+        const int m_tile = m_first + it % m_count;
+        const int m0 = m_tile * BM;
+        const int valid = min(BM, seg.len_q - m0);
+        mbar_wait(dq_full, it & 1);
+        int32_t* lock = nullptr;
+        int expected = 0;
+        if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
+          expected = tc.tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
+          lock = p.locks +
+                 (RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile) * p.heads_q + h;
+          while (atomicAdd(lock, 0) != expected) __nanosleep(64);
+          __threadfence();
+        }
+        const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
+        if (p.dq_accum.type == AccumType::F32) {
+          bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + off, smem + L.dq,
+                          uint32_t(valid) * D * 4);
+        } else {
+          // The 16-bit scratch is in the input's own format (the Plan's AccumType).
+          bulk_reduce_add(static_cast<T*>(p.dq_accum_ptr) + off, smem + L.dq,
+                          uint32_t(valid) * D * 2);
+        }
+        bulk_commit();
+        if (lock) {
+          bulk_wait_done();
+          fence_proxy_async_global();
+          __threadfence();
+          atomicAdd(lock, 1);
+        } else {
+          bulk_wait_read();
+        }
+        mbar_arrive(dq_empty);  // the tile's shared memory may be written again
+      }
+      bulk_wait_done();
+    }
+    return;
+  }
+
+  // ---- Consumers.
+  regs_alloc<kBwd.consumer_regs>();
+  const int c = wg - 1, warp_in_wg = (tid % 128) / 32;
   const uint32_t k_addr = smem_addr(smem + L.k), v_addr = smem_addr(smem + L.v);
   const uint32_t q_addr = smem_addr(smem + L.q), do_addr = smem_addr(smem + L.d_o);
   const uint32_t ds_addr = smem_addr(smem + L.ds);
@@ -69,55 +202,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[f][e] = acc_dv[f][e] = 0.f;
 
-  auto load_stage = [&](int it, int buf) {
-    const int h = hk * p.group + it / m_count;
-    const int m0 = (m_first + it % m_count) * BM;
-    const int64_t row0 = seg.q_row0 + m0;
-    const int valid = seg.len_q - m0;
-    load_tile_sw128<BM, D, kBwdThreads>(smem + L.q + buf * L.q_stage,
-                                        static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
-                                        p.q_layout.token_stride, valid, tid);
-    load_tile_sw128<BM, D, kBwdThreads>(smem + L.d_o + buf * L.do_stage,
-                                        static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
-                                        p.do_layout.token_stride, valid, tid);
-    if (tid < BM) {
-      float* s_lse = reinterpret_cast<float*>(smem + L.lse + buf * L.stat_stage);
-      float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + buf * L.stat_stage);
-      const int64_t stat = p.stats.offset(h, row0);
-      const bool ok = tid < valid;
-      cp_async_4(s_lse + tid, p.lse + (ok ? stat + tid : 0), ok);
-      cp_async_4(s_dp + tid, p.dpsum + (ok ? stat + tid : 0), ok);
-    }
-  };
-
-  if (n_it > 0) {
-    const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0 + n0, hk);
-    const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
-    load_tile_sw128<BN, D, kBwdThreads>(smem + L.k, k, p.k_layout.token_stride, keys, tid);
-    load_tile_sw128<BN, D, kBwdThreads>(smem + L.v, v, p.v_layout.token_stride, keys, tid);
-    load_stage(0, 0);
-    portable::cp_async_commit();
-  }
-  const bool ordered = p.locks != nullptr;
-
+  if (n_it > 0) mbar_wait(kv_full, 0);
   for (int it = 0; it < n_it; ++it) {
-    const int buf = it & 1;
-    portable::cp_async_wait<0>();
-    fence_proxy_async_smem();  // this thread's copies, visible to wgmma's operand reads
-    // Step `it`'s data is in for every thread, and every thread has finished step it - 1 (its
-    // products waited on): the other Q/dO buffer and dS^T are free to overwrite.
-    __syncthreads();
-    if (it + 1 < n_it) {
-      load_stage(it + 1, buf ^ 1);
-      portable::cp_async_commit();
-    }
-    const int h = hk * p.group + it / m_count;
-    const int m_tile = m_first + it % m_count;
-    const int m0 = m_tile * BM;
+    const int buf = it % STAGES;
+    mbar_wait(&full[buf], (it / STAGES) & 1);
+    const int m0 = (m_first + it % m_count) * BM;
     // Shared-memory bases, opaque to the compiler here: otherwise it hoists the loop-invariant
     // operand descriptors (16 for K and V, 8 for dQ's K, 64 bits each) out of the loop and keeps
     // them in registers that the accumulators need.
-    uint32_t k_base = k_addr, v_base = v_addr, ds_base = ds_addr;
+    uint32_t k_base = k_addr, v_base = v_addr, ds_base = ds_addr + (it & 1) * uint32_t(L.ds_stage);
     uint32_t q_buf = q_addr + buf * uint32_t(L.q_stage),
              do_buf = do_addr + buf * uint32_t(L.do_stage);
     asm volatile("" : "+r"(k_base), "+r"(v_base), "+r"(ds_base), "+r"(q_buf), "+r"(do_buf));
@@ -225,6 +318,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     wgmma_wait<0>();
     pin(acc_dv);
     pin(acc_dk);
+    mbar_arrive(&empty[buf]);  // this thread's reads of the Q/dO stage are complete
 
     // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ.
 #pragma unroll
@@ -232,12 +326,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       const int kr = row_a + 8 * half;
 #pragma unroll
       for (int f = 0; f < BM / 8; ++f) {
-        *reinterpret_cast<uint32_t*>(smem + L.ds + swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
+        *reinterpret_cast<uint32_t*>(smem + L.ds + (it & 1) * L.ds_stage +
+                                     swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
             a_ds[f / 2][2 * (f % 2) + half];
       }
     }
     fence_proxy_async_smem();
-    __syncthreads();  // both warpgroups' dS^T rows are in
+    named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
 
     // dQ[:, 64c .. 64c + 63] = dS K: A = dS^T read M-major (queries contiguous), B = K's panel c
     // read N-major; k16 steps over the CTA's 128 keys.
@@ -258,17 +353,31 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     pin(acc_dv);
     pin(acc_dk);
 
-    const portable::DqTileTurn turn = portable::dq_tile_turn<BM, BN>(p, tc.tile, b, seg, h, m_tile);
-    turn.wait(tid);
+    // The dQ tile into shared memory, row-major in the scratch's element type (the bulk reduce's
+    // source), once warp 1 has read out the previous one.
+    if (it > 0) mbar_wait(dq_empty, (it - 1) & 1);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int i = m0 + warp_in_wg * 16 + lane / 4 + 8 * half;
-      if (i < seg.len_q) {
-        portable::add_dq_fragments<T>(p, dq, b, seg, h, i, c * PANEL + 2 * (lane % 4), half,
-                                      ordered);
+      const int r = warp_in_wg * 16 + lane / 4 + 8 * half;
+      const int col = c * PANEL + 2 * (lane % 4);
+      if (p.dq_accum.type == AccumType::F32) {
+        float* row = reinterpret_cast<float*>(smem + L.dq) + r * D + col;
+#pragma unroll
+        for (int f = 0; f < PANEL / 8; ++f) {
+          *reinterpret_cast<float2*>(row + f * 8) =
+              make_float2(dq[f][2 * half], dq[f][2 * half + 1]);
+        }
+      } else {
+        T* row = reinterpret_cast<T*>(smem + L.dq) + r * D + col;
+#pragma unroll
+        for (int f = 0; f < PANEL / 8; ++f) {
+          *reinterpret_cast<uint32_t*>(row + f * 8) =
+              Mma::pack(dq[f][2 * half], dq[f][2 * half + 1]);
+        }
       }
     }
-    turn.pass(tid);
+    fence_proxy_async_smem();  // visible to the bulk reduce (async proxy)
+    mbar_arrive(dq_full);
   }
 
   // Epilogue: dK (times the softmax scale) and dV of this thread's keys.

@@ -4,11 +4,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/bwd_sequence.hpp"
 #include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/tensor_map.hpp"
 
 namespace raggedattn {
 namespace cuda {
@@ -16,7 +19,19 @@ namespace {
 
 template <class T>
 cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d, cudaStream_t s) {
-  return launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, d.problem.num_heads_kv, p, s);
+  constexpr CUtensorMapDataType kType = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const Problem& pr = d.problem;
+  sm90::BwdTmaParams a{};
+  a.p = p;
+  cudaError_t e = encode_thd_map(&a.q_map, kType, p.q, p.q_layout, pr.num_heads_q, pr.total_q,
+                                 pr.head_dim_qk, d.bwd.block_m);
+  if (e == cudaSuccess) {
+    e = encode_thd_map(&a.do_map, kType, p.d_o, p.do_layout, pr.num_heads_q, pr.total_q,
+                       pr.head_dim_v, d.bwd.block_m);
+  }
+  if (e != cudaSuccess) return e;
+  return launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, pr.num_heads_kv, a, s);
 }
 
 cudaError_t launch(const portable::BwdParams& p, const PlanData& d, cudaStream_t s) {

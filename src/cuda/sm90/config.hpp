@@ -19,6 +19,14 @@
 namespace raggedattn {
 namespace sm90 {
 
+// setmaxnreg moves registers within the CTA's own pool: what the launch allocated, threads times
+// the per-thread count ptxas gives a kernel under __launch_bounds__(threads, 1) (the register
+// file's share, a multiple of 8). A setmaxnreg.inc that the pool cannot serve blocks forever, so
+// the warpgroups' counts after reallocation must fit this pool, not the whole register file.
+RATTN_HD constexpr int register_pool(int threads) {
+  return (65536 / threads) / 8 * 8 * threads;
+}
+
 struct FwdConfig {
   int block_m;
   int block_n;
@@ -30,8 +38,9 @@ struct FwdConfig {
 constexpr FwdConfig kFwd{128, 128, 2, 3, 40, 232};
 constexpr int kFwdThreads = (kFwd.consumers + 1) * 128;
 static_assert(kFwd.block_m == 64 * kFwd.consumers, "one wgmma M per consumer warpgroup");
-static_assert(128 * kFwd.producer_regs + 128 * kFwd.consumers * kFwd.consumer_regs <= 65536,
-              "register file");
+static_assert(128 * kFwd.producer_regs + 128 * kFwd.consumers * kFwd.consumer_regs <=
+                  register_pool(kFwdThreads),
+              "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
 // forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
@@ -56,18 +65,23 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 
 // Backward: a CTA owns block_n = 128 keys of one KV head (dK and dV accumulate in registers for
 // the CTA's life, so GQA needs no reduction: the CTA loops over the query heads of its group) and
-// streams block_m = 64 query rows per step, double-buffered with cp.async. Two warpgroups of 64
-// keys each (the M of one wgmma) and no producer warpgroup: 256 threads keep the compiler's
-// register limit at 255, which two 64 x 128 fp32 accumulators (dK, dV) plus the score tiles need.
+// streams block_m = 64 query rows per step. Warp-specialized like the forward: a producer
+// warpgroup (warp 0 copies K/V once and the Q/dO/LSE/dot(dO,O) ring with cp.async; warp 1 adds
+// each step's dQ tile into the scratch with one bulk reduce from shared memory) and two consumer
+// warpgroups of 64 keys each (the M of one wgmma) that never wait on global memory or atomics.
 struct BwdConfig {
-  int block_m;  // queries per step
-  int block_n;  // keys per CTA
-  int warpgroups;
-  int stages;  // Q / dO ring depth
+  int block_m;                       // queries per step
+  int block_n;                       // keys per CTA
+  int consumers;                     // consumer warpgroups
+  int stages;                        // Q / dO ring depth
+  int producer_regs, consumer_regs;  // registers per thread after reallocation
 };
-constexpr BwdConfig kBwd{64, 128, 2, 2};
-constexpr int kBwdThreads = kBwd.warpgroups * 128;
-static_assert(kBwd.block_n == 64 * kBwd.warpgroups, "one wgmma M of keys per warpgroup");
+constexpr BwdConfig kBwd{64, 128, 2, 2, 32, 232};
+constexpr int kBwdThreads = (kBwd.consumers + 1) * 128;
+static_assert(kBwd.block_n == 64 * kBwd.consumers, "one wgmma M of keys per consumer warpgroup");
+static_assert(128 * kBwd.producer_regs + 128 * kBwd.consumers * kBwd.consumer_regs <=
+                  register_pool(kBwdThreads),
+              "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The head dims the Hopper backward is built for.
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
@@ -93,26 +107,33 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
 }
 
 // Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; dS^T
-// ([key][query], the A operand of dQ = dS K read M-major) hands the score gradient from the
-// warpgroup that computed it (its 64 keys) to both (each adds half of dQ's columns).
+// ([key][query], the A operand of dQ = dS K read M-major) in two buffers, handing the score
+// gradient from the warpgroup that computed it (its 64 keys) to both (each computes half of dQ's
+// columns); the dQ tile in the scratch's own element type and row-major layout (the source of the
+// bulk reduce); the mbarriers.
 struct BwdSmem {
-  size_t k, v, q, d_o, ds, lse, dpsum;  // byte offsets from the 1024-aligned base
-  size_t q_stage, do_stage, stat_stage;
+  size_t k, v, q, d_o, ds, dq, lse, dpsum, bars;  // byte offsets from the 1024-aligned base
+  size_t q_stage, do_stage, ds_stage, stat_stage;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
+// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty.
+constexpr int kBwdBarriers = 1 + 2 * kBwd.stages + 2;
 RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
   BwdSmem s{};
   s.q_stage = tile_bytes(kBwd.block_m, dqk);
   s.do_stage = tile_bytes(kBwd.block_m, dv);
+  s.ds_stage = tile_bytes(kBwd.block_n, kBwd.block_m);
   s.stat_stage = size_t(kBwd.block_m) * 4;
   s.k = 0;
   s.v = s.k + tile_bytes(kBwd.block_n, dqk);
   s.q = s.v + tile_bytes(kBwd.block_n, dv);
   s.d_o = s.q + kBwd.stages * s.q_stage;
   s.ds = s.d_o + kBwd.stages * s.do_stage;
-  s.lse = s.ds + tile_bytes(kBwd.block_n, kBwd.block_m);
+  s.dq = s.ds + 2 * s.ds_stage;
+  s.lse = s.dq + size_t(kBwd.block_m) * dqk * 4;  // fp32 at most
   s.dpsum = s.lse + kBwd.stages * s.stat_stage;
-  s.bytes = s.dpsum + kBwd.stages * s.stat_stage + kSmemAlign;
+  s.bars = s.dpsum + kBwd.stages * s.stat_stage;
+  s.bytes = s.bars + kBwdBarriers * 8 + kSmemAlign;
   return s;
 }
 

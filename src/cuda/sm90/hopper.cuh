@@ -2,6 +2,8 @@
 // writes a tile in the 128-byte-swizzled panel layout of config.hpp.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the type only; nothing here calls the driver)
+
 #include <cstdint>
 
 #include "cuda/portable/warp_mma.cuh"
@@ -66,10 +68,9 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 // Arrival with release semantics: this thread's earlier writes are visible to whoever completes
 // a wait on the phase.
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile(
-      "{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-          portable::smem_addr(bar))
-      : "memory");
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                   portable::smem_addr(bar))
+               : "memory");
 }
 // Waits until the phase of parity `parity` has completed (acquire).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
@@ -79,6 +80,72 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "@!done bra WAIT_%=;\n}\n" ::"r"(portable::smem_addr(bar)),
       "r"(parity)
       : "memory");
+}
+
+// Adds `bytes` to the transaction count the current phase waits for (the TMA copies that
+// complete_tx on it); issue before the copies.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(
+                   portable::smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// TMA: box (c0, c1, c2) of a 3-d tensor map (tensor_map.hpp: dim 0 the head dim, 1 the head,
+// 2 the row) into shared memory, completing `bytes` of the barrier's transaction count.
+__device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(portable::smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(portable::smem_addr(bar))
+      : "memory");
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads) among `count` threads of the CTA, a multiple of 32.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Bulk reduce-add of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory
+// into global memory, element-wise atomic, in the bulk-async group of the issuing thread.
+__device__ __forceinline__ void bulk_reduce_add(float* gmem, const void* smem, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
+      "r"(portable::smem_addr(smem)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add(__nv_bfloat16* gmem, const void* smem,
+                                                uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 [%0], [%1], %2;\n" ::"l"(
+          gmem),
+      "r"(portable::smem_addr(smem)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add(__half* gmem, const void* smem, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 [%0], [%1], %2;\n" ::"l"(
+          gmem),
+      "r"(portable::smem_addr(smem)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be
+// written again).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups are complete (their global writes performed).
+__device__ __forceinline__ void bulk_wait_done() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Orders this thread's async-proxy global accesses with its later generic-proxy ones.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 // Warpgroup register reallocation: producers give registers back, consumers take them.
@@ -103,19 +170,26 @@ __device__ __forceinline__ void pin(float (&d)[NF][4]) {
 
 // Copies rows [0, ROWS) of a [tokens, heads, DIM] tile (head fixed) into the swizzled panel
 // layout at `smem`; rows at or past `valid` are zero-filled. Threads tid = 0 .. THREADS-1 take
-// part.
-template <int ROWS, int DIM, int THREADS, class T>
+// part. UNROLL: copies per loop iteration (0: all of them; a warp that copies whole tiles alone
+// under a small register budget unrolls less).
+template <int ROWS, int DIM, int THREADS, int UNROLL = 0, class T>
 __device__ __forceinline__ void load_tile_sw128(unsigned char* smem, const T* gmem_row0,
                                                 int64_t token_stride, int valid, int tid) {
   constexpr int kChunksPerRow = DIM / 8;
   constexpr int kChunks = ROWS * kChunksPerRow;
   static_assert(kChunks % THREADS == 0, "tile chunks per thread");
-#pragma unroll
-  for (int c = tid; c < kChunks; c += THREADS) {
+  auto copy = [&](int c) {
     const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
     const bool ok = r < valid;
     const T* src = ok ? gmem_row0 + r * token_stride + chunk * 8 : gmem_row0;
     portable::cp_async_16(smem + swizzled_offset(ROWS, r, chunk), src, ok);
+  };
+  if constexpr (UNROLL == 0) {
+#pragma unroll
+    for (int c = tid; c < kChunks; c += THREADS) copy(c);
+  } else {
+#pragma unroll UNROLL
+    for (int c = tid; c < kChunks; c += THREADS) copy(c);
   }
 }
 
