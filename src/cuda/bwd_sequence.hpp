@@ -13,11 +13,13 @@
 namespace raggedattn {
 namespace cuda {
 
+// `ctx`: what the path prepared for its launch before the sequence began (the Hopper path's TMA
+// maps), passed through unchanged; null where a path needs nothing.
 using BwdMainLaunch = cudaError_t (*)(const portable::BwdParams& p, const PlanData& plan,
-                                      cudaStream_t stream);
+                                      const void* ctx, cudaStream_t stream);
 
 Status run_backward(const PlanData& plan, const BwdTensors& t, void* workspace, void* stream,
-                    BwdMainLaunch main_kernel);
+                    BwdMainLaunch main_kernel, const void* ctx = nullptr);
 
 }  // namespace cuda
 }  // namespace raggedattn

@@ -57,7 +57,8 @@ struct BwdLauncher {
   }
 };
 
-cudaError_t launch_portable_bwd(const BwdParams& p, const PlanData& d, cudaStream_t s) {
+cudaError_t launch_portable_bwd(const BwdParams& p, const PlanData& d, const void*,
+                                cudaStream_t s) {
   return dispatch(d.problem, BwdLauncher{p, d, s});
 }
 
@@ -88,7 +89,7 @@ Status portable_forward(const PlanData& d, const FwdTensors& t, void* /*workspac
 }
 
 Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream,
-                    BwdMainLaunch main_kernel) {
+                    BwdMainLaunch main_kernel, const void* ctx) {
   const Problem& pr = d.problem;
   if (pr.total_q == 0 && pr.total_kv == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -107,7 +108,7 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
         cuda_status("backward: dot(dO, O)", bf16 ? launch_post<__nv_bfloat16>(d, p, false, s)
                                                  : launch_post<__half>(d, p, false, s)));
   }
-  RATTN_RETURN_IF_ERROR(cuda_status("backward", main_kernel(p, d, s)));
+  RATTN_RETURN_IF_ERROR(cuda_status("backward", main_kernel(p, d, ctx, s)));
   if (pr.total_q > 0) {
     RATTN_RETURN_IF_ERROR(
         cuda_status("backward: dq_convert", bf16 ? launch_post<__nv_bfloat16>(d, p, true, s)

@@ -4,8 +4,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/bwd_sequence.hpp"
@@ -17,26 +15,26 @@ namespace raggedattn {
 namespace cuda {
 namespace {
 
+// The TMA maps of Q and dO, made before the launch sequence (run_backward's context).
+struct BwdMaps {
+  CUtensorMap q, d_o;
+};
+
 template <class T>
-cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d, cudaStream_t s) {
-  constexpr CUtensorMapDataType kType = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const Problem& pr = d.problem;
+cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d, const BwdMaps& maps,
+                         cudaStream_t s) {
   sm90::BwdTmaParams a{};
   a.p = p;
-  cudaError_t e = encode_thd_map(&a.q_map, kType, p.q, p.q_layout, pr.num_heads_q, pr.total_q,
-                                 pr.head_dim_qk, d.bwd.block_m);
-  if (e == cudaSuccess) {
-    e = encode_thd_map(&a.do_map, kType, p.d_o, p.do_layout, pr.num_heads_q, pr.total_q,
-                       pr.head_dim_v, d.bwd.block_m);
-  }
-  if (e != cudaSuccess) return e;
-  return launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, pr.num_heads_kv, a, s);
+  a.q_map = maps.q;
+  a.do_map = maps.d_o;
+  return launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, d.problem.num_heads_kv, a, s);
 }
 
-cudaError_t launch(const portable::BwdParams& p, const PlanData& d, cudaStream_t s) {
-  return d.problem.dtype == RATTN_DTYPE_BF16 ? launch_typed<__nv_bfloat16>(p, d, s)
-                                             : launch_typed<__half>(p, d, s);
+cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* ctx,
+                   cudaStream_t s) {
+  const BwdMaps& maps = *static_cast<const BwdMaps*>(ctx);
+  return d.problem.dtype == RATTN_DTYPE_BF16 ? launch_typed<__nv_bfloat16>(p, d, maps, s)
+                                             : launch_typed<__half>(p, d, maps, s);
 }
 
 }  // namespace
@@ -50,7 +48,14 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
         ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n);
   }
-  return run_backward(d, t, workspace, stream, &launch);
+  const CUtensorMapDataType type = pr.dtype == RATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  BwdMaps maps{};
+  RATTN_RETURN_IF_ERROR(make_thd_map("q", &maps.q, type, t.q, d.q(), pr.num_heads_q, pr.total_q,
+                                     pr.head_dim_qk, d.bwd.block_m));
+  RATTN_RETURN_IF_ERROR(make_thd_map("d_o", &maps.d_o, type, t.d_o, d.d_o(), pr.num_heads_q,
+                                     pr.total_q, pr.head_dim_v, d.bwd.block_m));
+  return run_backward(d, t, workspace, stream, &launch, &maps);
 }
 
 }  // namespace cuda

@@ -9,15 +9,17 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "common/status.hpp"
 #include "core/segments.hpp"
 
 namespace raggedattn {
 namespace cuda {
 
 // The driver's encoder, found once through the runtime (the library does not link libcuda).
-inline cudaError_t encode_thd_map(CUtensorMap* map, CUtensorMapDataType type, const void* base,
-                                  const TensorLayout& layout, int heads, int64_t rows, int dim,
-                                  int box_rows) {
+// `name` names the tensor in the error.
+inline Status make_thd_map(const char* name, CUtensorMap* map, CUtensorMapDataType type,
+                           const void* base, const TensorLayout& layout, int heads, int64_t rows,
+                           int dim, int box_rows) {
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                               const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
                               const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -32,7 +34,10 @@ inline cudaError_t encode_thd_map(CUtensorMap* map, CUtensorMapDataType type, co
     }
     return reinterpret_cast<Encode>(fn);
   }();
-  if (!encode) return cudaErrorNotSupported;
+  if (!encode) {
+    return not_supported("backward", "the Hopper path needs the driver's cuTensorMapEncodeTiled "
+                         "(CUDA 12.0 or newer driver), which this driver does not provide");
+  }
   constexpr cuuint64_t kElem = 2;  // 16-bit elements
   const cuuint64_t size[3] = {cuuint64_t(dim), cuuint64_t(heads),
                               cuuint64_t(rows > 0 ? rows : 1)};
@@ -43,7 +48,16 @@ inline cudaError_t encode_thd_map(CUtensorMap* map, CUtensorMapDataType type, co
   const CUresult r = encode(map, type, 3, const_cast<void*>(base), size, stride, box, elem_stride,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  if (r != CUDA_SUCCESS) {
+    // The Plan's validation already requires 16-byte aligned pointers and strides, which is what
+    // the encoder checks; a failure here is a driver limit the library does not know of.
+    return not_supported("backward", "the Hopper path could not describe ", name,
+                         " to the TMA unit (cuTensorMapEncodeTiled returned ", int(r), " for base=",
+                         base, ", ", rows, " rows, ", heads, " heads of dim ", dim,
+                         ", strides token=", layout.token_stride, " head=", layout.head_stride,
+                         " elements)");
+  }
+  return Status::Ok();
 }
 
 }  // namespace cuda
