@@ -66,7 +66,7 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 // Backward: a CTA owns block_n = 128 keys of one KV head (dK and dV accumulate in registers for
 // the CTA's life, so GQA needs no reduction: the CTA loops over the query heads of its group) and
 // streams block_m = 64 query rows per step. Warp-specialized like the forward: a producer
-// warpgroup (warp 0 copies K/V once and the Q/dO/LSE/dot(dO,O) ring with cp.async; warp 1 adds
+// warpgroup (warp 0 copies K/V once and the Q/dO/LSE/dot(dO,O) ring, Q and dO by TMA; warp 1 adds
 // each step's dQ tile into the scratch with one bulk reduce from shared memory) and two consumer
 // warpgroups of 64 keys each (the M of one wgmma) that never wait on global memory or atomics.
 struct BwdConfig {
