@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             mbar_expect_tx(&full[s], uint32_t(L.q_stage + L.do_stage));
 #pragma unroll
             for (int panel = 0; panel < D / PANEL; ++panel) {
-              tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &a.q_map, panel * PANEL, h,
-                          int(row0), &full[s]);
+              tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &a.q_map, panel * PANEL, h, int(row0),
+                          &full[s]);
               tma_load_3d(do_dst + panel * BM * kSwizzleBytes, &a.do_map, panel * PANEL, h,
                           int(row0), &full[s]);
             }

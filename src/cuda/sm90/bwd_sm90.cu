@@ -51,10 +51,10 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
   const CUtensorMapDataType type = pr.dtype == RATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   BwdMaps maps{};
-  RATTN_RETURN_IF_ERROR(make_thd_map("q", &maps.q, type, t.q, d.q(), pr.num_heads_q, pr.total_q,
-                                     pr.head_dim_qk, d.bwd.block_m));
-  RATTN_RETURN_IF_ERROR(make_thd_map("d_o", &maps.d_o, type, t.d_o, d.d_o(), pr.num_heads_q,
-                                     pr.total_q, pr.head_dim_v, d.bwd.block_m));
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q, type, t.q, d.q(), pr.num_heads_q,
+                                     pr.total_q, pr.head_dim_qk, d.bwd.block_m));
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "d_o", &maps.d_o, type, t.d_o, d.d_o(),
+                                     pr.num_heads_q, pr.total_q, pr.head_dim_v, d.bwd.block_m));
   return run_backward(d, t, workspace, stream, &launch, &maps);
 }
 

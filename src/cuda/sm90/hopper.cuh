@@ -85,10 +85,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // Adds `bytes` to the transaction count the current phase waits for (the TMA copies that
 // complete_tx on it); issue before the copies.
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(
-                   portable::smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
+  asm volatile(
+      "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(portable::smem_addr(bar)),
+      "r"(bytes)
+      : "memory");
 }
 
 // TMA: box (c0, c1, c2) of a 3-d tensor map (tensor_map.hpp: dim 0 the head dim, 1 the head,
@@ -98,8 +98,7 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(portable::smem_addr(smem)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
-      "r"(portable::smem_addr(bar))
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(portable::smem_addr(bar))
       : "memory");
 }
 

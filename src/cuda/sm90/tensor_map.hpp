@@ -16,14 +16,14 @@ namespace raggedattn {
 namespace cuda {
 
 // The driver's encoder, found once through the runtime (the library does not link libcuda).
-// `name` names the tensor in the error.
-inline Status make_thd_map(const char* name, CUtensorMap* map, CUtensorMapDataType type,
-                           const void* base, const TensorLayout& layout, int heads, int64_t rows,
-                           int dim, int box_rows) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                              const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                              const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+// `where` (forward, backward) and `name` name the call and the tensor in the error.
+inline Status make_thd_map(const char* where, const char* name, CUtensorMap* map,
+                           CUtensorMapDataType type, const void* base, const TensorLayout& layout,
+                           int heads, int64_t rows, int dim, int box_rows) {
+  using Encode =
+      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   static Encode encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -35,12 +35,12 @@ inline Status make_thd_map(const char* name, CUtensorMap* map, CUtensorMapDataTy
     return reinterpret_cast<Encode>(fn);
   }();
   if (!encode) {
-    return not_supported("backward", "the Hopper path needs the driver's cuTensorMapEncodeTiled "
+    return not_supported(where,
+                         "the Hopper path needs the driver's cuTensorMapEncodeTiled "
                          "(CUDA 12.0 or newer driver), which this driver does not provide");
   }
   constexpr cuuint64_t kElem = 2;  // 16-bit elements
-  const cuuint64_t size[3] = {cuuint64_t(dim), cuuint64_t(heads),
-                              cuuint64_t(rows > 0 ? rows : 1)};
+  const cuuint64_t size[3] = {cuuint64_t(dim), cuuint64_t(heads), cuuint64_t(rows > 0 ? rows : 1)};
   const cuuint64_t stride[2] = {cuuint64_t(layout.head_stride) * kElem,
                                 cuuint64_t(layout.token_stride) * kElem};
   const cuuint32_t box[3] = {64, 1, cuuint32_t(box_rows)};
@@ -51,9 +51,9 @@ inline Status make_thd_map(const char* name, CUtensorMap* map, CUtensorMapDataTy
   if (r != CUDA_SUCCESS) {
     // The Plan's validation already requires 16-byte aligned pointers and strides, which is what
     // the encoder checks; a failure here is a driver limit the library does not know of.
-    return not_supported("backward", "the Hopper path could not describe ", name,
-                         " to the TMA unit (cuTensorMapEncodeTiled returned ", int(r), " for base=",
-                         base, ", ", rows, " rows, ", heads, " heads of dim ", dim,
+    return not_supported(where, "the Hopper path could not describe ", name,
+                         " to the TMA unit (cuTensorMapEncodeTiled returned ", int(r),
+                         " for base=", base, ", ", rows, " rows, ", heads, " heads of dim ", dim,
                          ", strides token=", layout.token_stride, " head=", layout.head_stride,
                          " elements)");
   }
