@@ -81,6 +81,8 @@ typedef struct rattn_problem {
   int32_t max_seqlen_q;    /* upper bound of every segment's query length */
   int32_t max_seqlen_kv;   /* upper bound of every segment's key length */
   int32_t has_seq_offsets; /* padded THD: seq_offsets_q/kv give each segment's first row */
+  /* Rows outside every segment (padding, rows past the last segment) are never read into a
+   * result and never written: they may hold anything, NaN included. */
   /* shapes */
   int32_t num_heads_q;
   int32_t num_heads_kv; /* divides num_heads_q; 1 is MQA */

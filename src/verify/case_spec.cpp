@@ -70,6 +70,7 @@ std::vector<CaseSpec> named_suite(int32_t hq, int32_t hkv) {
   {
     CaseSpec c = causal("padded_thd", {100, 80, 76}, hq, hkv);
     c.padded = true;
+    c.nan_padding = true;
     s.push_back(c);
   }
   {
@@ -169,6 +170,7 @@ CaseSpec random_case(uint64_t seed, const RandomLimits& lim) {
   }
   if (r.chance(0.25)) c.softcap = float(r.range(1, 30));
   c.padded = r.chance(0.3);
+  c.nan_padding = c.padded && r.chance(0.5);
   return c;
 }
 

@@ -30,6 +30,10 @@ struct CaseSpec {
   // Padded THD: seq_offsets place the segments with random gaps of padding rows between them; the
   // padding of every output is filled with a sentinel that must survive the run.
   bool padded = false;
+  // Input padding rows hold NaN instead of kInputPaddingValue: rows outside every segment may hold
+  // anything, and a kernel that reads one into a result (even multiplied by a zero probability)
+  // turns that result into NaN.
+  bool nan_padding = false;
   rattn_dq_accum dq_accum = RATTN_DQ_ACCUM_FP32;
   bool deterministic = false;
   rattn_backend backend = RATTN_BACKEND_AUTO;

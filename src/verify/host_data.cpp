@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <new>
 
 #include "common/half.hpp"
@@ -175,6 +176,8 @@ HostInputs make_inputs(const CaseSpec& spec, const PackLayout& l, uint64_t seed)
                {&in.k, &l.kv_padding},
                {&in.v, &l.kv_padding},
                {&in.d_o, &l.q_padding}};
+  const float pad_value =
+      spec.nan_padding ? std::numeric_limits<float>::quiet_NaN() : kInputPaddingValue;
   uint64_t stream = 0;
   for (const Fill& f : fills) {
     Rng r(mix_seed(seed, ++stream));
@@ -182,7 +185,7 @@ HostInputs make_inputs(const CaseSpec& spec, const PackLayout& l, uint64_t seed)
       const bool pad = (*f.padding)[size_t(row)] != 0;
       for (int32_t h = 0; h < f.t->heads; ++h) {
         for (int32_t d = 0; d < f.t->dim; ++d) {
-          f.t->set(row, h, d, pad ? kInputPaddingValue : float(r.normal()));
+          f.t->set(row, h, d, pad ? pad_value : float(r.normal()));
         }
       }
     }

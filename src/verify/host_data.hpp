@@ -19,8 +19,11 @@ namespace verify {
 constexpr uint8_t kPoisonByte = 0xFF;
 // Padding rows of outputs (padded THD) hold this byte; any change is a write outside a segment.
 constexpr uint8_t kPaddingByte = 0x5A;
-// Padding rows of inputs hold this value: finite, so a kernel that loads a whole tile and masks
-// it stays finite, but large, so one that lets padding into the softmax or a sum fails loudly.
+// Padding rows of inputs hold this value: large, so a kernel that lets padding into the softmax or
+// a sum fails loudly. Cases with nan_padding (the named suite's padded_thd, half of the random
+// padded ones) hold NaN instead, which also catches a padding row multiplied by a zero
+// probability: rows outside every segment may hold anything, and no kernel may read one into a
+// result.
 constexpr float kInputPaddingValue = 1000.f;
 
 // Host memory, 64-byte aligned (the API asks for 16).
@@ -115,7 +118,7 @@ struct HostInputs {
 };
 
 // Fresh N(0, 1) inputs in the case's dtype (so every path sees the same representable values);
-// padding rows hold kInputPaddingValue.
+// padding rows hold kInputPaddingValue (NaN for spec.nan_padding).
 HostInputs make_inputs(const CaseSpec& spec, const PackLayout& layout, uint64_t seed);
 
 struct HostOutputs {

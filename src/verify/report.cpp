@@ -117,8 +117,9 @@ void print_case(std::ostream& os, const CaseReport& r) {
   const CaseSpec& s = r.spec;
   os << "== " << s.name << ": " << segments_str(s) << " Hq=" << s.hq << " Hkv=" << s.hkv
      << " D=" << s.dqk << "/" << s.dv << " " << dtype_str(s.dtype) << ", " << mask_str(s)
-     << (s.padded ? ", padded THD" : "") << ", dq_accum " << dq_accum_str(s.dq_accum)
-     << (s.deterministic ? ", deterministic" : "") << fmt(", seed 0x%016" PRIx64, r.seed) << "\n";
+     << (s.padded ? (s.nan_padding ? ", padded THD (NaN padding)" : ", padded THD") : "")
+     << ", dq_accum " << dq_accum_str(s.dq_accum) << (s.deterministic ? ", deterministic" : "")
+     << fmt(", seed 0x%016" PRIx64, r.seed) << "\n";
   if (r.status == RATTN_SUCCESS && r.mode != CheckMode::None) {
     os << "   " << mode_str(r) << "\n";
     std::string head = fmt(" %4s %6s %6s", "seg", "len_q", "len_kv");

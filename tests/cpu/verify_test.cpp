@@ -221,6 +221,47 @@ TEST(HostData, OutputsArePoisonedAndPaddingIsWatched) {
   EXPECT_NE(in.q.view().at(row, 0, 0), other.q.view().at(row, 0, 0));
 }
 
+TEST(HostData, NanPaddingFillsEveryInputsPaddingRowsWithNan) {
+  verify::CaseSpec c;
+  c.name = "nan_padding";
+  c.seqlens_q = {5, 7};
+  c.seqlens_kv = {9, 3};
+  c.hq = 2;
+  c.hkv = 1;
+  c.dqk = c.dv = 64;
+  c.padded = true;
+  c.nan_padding = true;
+  const verify::PackLayout l = verify::make_layout(c, 3);
+  const verify::HostInputs in = verify::make_inputs(c, l, 3);
+  struct {
+    const verify::HostTensor* t;
+    const std::vector<uint8_t>* padding;
+  } inputs[] = {{&in.q, &l.q_padding},
+                {&in.k, &l.kv_padding},
+                {&in.v, &l.kv_padding},
+                {&in.d_o, &l.q_padding}};
+  for (const auto& x : inputs) {
+    int64_t nan_rows = 0, finite_rows = 0;
+    for (int64_t row = 0; row < x.t->rows; ++row) {
+      const bool pad = (*x.padding)[size_t(row)] != 0;
+      const double v = x.t->view().at(row, x.t->heads - 1, x.t->dim - 1);
+      EXPECT_EQ(std::isnan(v), pad) << "row " << row;
+      (pad ? nan_rows : finite_rows) += 1;
+    }
+    EXPECT_GT(nan_rows, 0);
+    EXPECT_GT(finite_rows, 0);
+  }
+  // The named suite's padded configuration is the NaN one, so every path's check runs it.
+  bool found = false;
+  for (const verify::CaseSpec& n : verify::named_suite(8, 2)) {
+    if (n.padded) {
+      EXPECT_TRUE(n.nan_padding) << n.name;
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(MaskRules, AgreeWithTheCoreMaskOnRandomBands) {
   // Two derivations of raggedattn.h's mask: the kernels' (src/core) and the brute force's.
   verify::Rng r(42);
