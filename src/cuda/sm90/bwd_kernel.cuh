@@ -1,13 +1,13 @@
 // Backward main kernel of the Hopper path (sm_90a): one CTA per (key tile of a segment, KV head),
 // the portable backward's tile map and loop, with every product on wgmma. Warp-specialized:
-//   producer warpgroup (32 registers): warp 0 copies K/V once (cp.async) and the Q/dO/LSE/dot(dO,O)
-//     stages (Q and dO by TMA inside a segment) into a ring handed over with mbarriers
-//     (full/empty); warp 1 adds each step's
-//     dQ tile into the scratch with one bulk reduce-add from shared memory (cp.reduce.async.bulk;
-//     in deterministic mode it waits for the tile's turn first); warps 2-3 exit.
-//   two consumer warpgroups (240 registers) of 64 keys each (c = 0, 1). dK and dV of those keys
-//     accumulate in registers (two m64n128 fp32 accumulators) while the CTA streams the query tiles
-//     (64 rows) of every query head of its GQA group. Per step, in warpgroup c:
+//   producer warpgroup (kBwd.producer_regs registers): warp 0 copies K/V once (cp.async) and the
+//     Q/dO/LSE/dot(dO,O) stages (Q and dO by TMA inside a segment) into a ring handed over with
+//     mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
+//     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
+//     tile's turn first); warps 2-3 exit.
+//   two consumer warpgroups (kBwd.consumer_regs registers) of 64 keys each (c = 0, 1). dK and dV
+//     of those keys accumulate in registers (two m64n128 fp32 accumulators) while the CTA streams
+//     the query tiles (64 rows) of every query head of its GQA group. Per step, in warpgroup c:
 //   S^T  = K_c Q^T     8 x m64n64k16, both operands K-major in shared memory
 //   dP^T = V_c dO^T    8 x m64n64k16
 //   P^T, dS^T          on the registers (P^T while dP^T is in flight)
