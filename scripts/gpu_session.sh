@@ -15,6 +15,17 @@
 # each, then one benchmark of this build and every other one side by side.
 # Each step's log goes to OUT_DIR/<step>.txt.
 set -u
+# Restores files staged with `stage_build.sh --xz` (Python's lzma: no xz binary needed there),
+# below BUILD_DIR and the AB_LIBS folders, keeping their modes.
+for dir in "$1" $(for spec in ${AB_LIBS:-}; do echo "${spec#*=}"; done); do
+  find "$dir" -name '*.xz' -print0 | xargs -0 -r python3 -c '
+import lzma, os, shutil, sys
+for f in sys.argv[1:]:
+    with lzma.open(f) as src, open(f[:-3], "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.chmod(f[:-3], 0o755)
+    os.remove(f)'
+done
 build=$(cd "$1" && pwd)
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$2
