@@ -18,7 +18,10 @@ if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   exit 2
 fi
 start=$(git symbolic-ref --short -q HEAD || git rev-parse HEAD)
-trap 'git checkout -q "$start" && ninja -C "$build" >/dev/null' EXIT
+# This branch's stager, not each branch's own (older branches may lack its options).
+stager=$(mktemp)
+cp "$repo/scripts/stage_build.sh" "$stager"
+trap 'rm -f "$stager"; git checkout -q "$start" && ninja -C "$build" >/dev/null' EXIT
 for spec in "$@"; do
   tag=${spec%%=*}
   branch=${spec#*=}
@@ -31,6 +34,6 @@ for spec in "$@"; do
   else
     ninja -C "$build" src/libraggedattn.so >/dev/null
   fi
-  "$repo/scripts/stage_build.sh" "$build" "$dest/$tag" $mode --xz
+  bash "$stager" "$build" "$dest/$tag" $mode --xz
   git rev-parse HEAD >"$dest/$tag/COMMIT"
 done
