@@ -277,6 +277,32 @@ def test_packed_qkv_view(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [64, 128])
+def test_head_major_views(device, d):
+    """q, k, v, dO as [T, H, D] views of head-major [H, T, D] storage (head stride above the token
+    stride): the same results, bit for bit, as contiguous copies (deterministic mode), through
+    whole tiles inside a segment and partial ones at its end."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    t, hq, hkv = 300, 4, 2
+    cu = torch.tensor([0, 70, 300], dtype=torch.int32, device=device)
+
+    def head_major(h):
+        return torch.randn(h, t, d, dtype=dtype, device=device).transpose(0, 1).requires_grad_()
+
+    q, k, v = head_major(hq), head_major(hkv), head_major(hkv)
+    assert q.stride() == (d, t * d, 1)
+    d_o = torch.randn(hq, t, d, dtype=dtype, device=device).transpose(0, 1)
+    o = rt.attention(q, k, v, cu, cu, 230, 230, causal=True, deterministic=True)
+    o.backward(d_o)
+    dense = [x.detach().contiguous().requires_grad_() for x in (q, k, v)]
+    o_dense = rt.attention(*dense, cu, cu, 230, 230, causal=True, deterministic=True)
+    o_dense.backward(d_o.contiguous())
+    torch.testing.assert_close(o, o_dense, rtol=0, atol=0)
+    for x, y in zip((q, k, v), dense):
+        torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_broadcast_grad_output(device):
     """o.sum().backward() hands the backward a zero-stride dO; it must be read as such."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
