@@ -11,7 +11,7 @@
 # library (no compiler run, no network) and runs tests/python; `train` then runs
 # examples/train_packed with every run, the corruption experiment included. `ab` needs
 # AB_LIBS="TAG=DIR ...": other builds of libraggedattn.so (a branch's, staged with
-# `scripts/stage_build.sh BUILD DEST --lib-only`); it runs the Hopper and determinism suites on
+# `scripts/stage_build.sh BUILD DEST --lib-only`, or several with scripts/stage_branches.sh); it runs the Hopper and determinism suites on
 # each, then one benchmark of this build and every other one side by side.
 # Each step's log goes to OUT_DIR/<step>.txt.
 set -u

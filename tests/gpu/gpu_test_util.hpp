@@ -34,6 +34,10 @@ inline bool have_sm90() {
   do {                                                                         \
     if (!::raggedattn::gpu_test::have_gpu()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
+#define RATTN_REQUIRE_SM90()                                                                \
+  do {                                                                                      \
+    if (!::raggedattn::gpu_test::have_sm90()) GTEST_SKIP() << "no sm_90 device or kernels"; \
+  } while (0)
 
 // A fresh seed per process (printed by the tests), overridable for reproduction.
 inline uint64_t run_seed() {

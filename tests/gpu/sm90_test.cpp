@@ -16,11 +16,6 @@ namespace {
 
 using verify::CaseSpec;
 
-#define RATTN_REQUIRE_SM90()                                                                \
-  do {                                                                                      \
-    if (!::raggedattn::gpu_test::have_sm90()) GTEST_SKIP() << "no sm_90 device or kernels"; \
-  } while (0)
-
 using gpu_test::SuiteParam;
 
 std::vector<SuiteParam> suite_params() {
