@@ -15,24 +15,19 @@ namespace raggedattn {
 namespace cuda {
 namespace {
 
-// The TMA maps of Q and dO, made before the launch sequence (run_backward's context).
-struct BwdMaps {
-  CUtensorMap q, d_o;
-};
-
+// `maps`: the kernel's parameters with the TMA maps made by sm90_backward before the launch
+// sequence (run_backward's context); the launch adds the sequence's BwdParams.
 template <class T>
-cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d, const BwdMaps& maps,
-                         cudaStream_t s) {
-  sm90::BwdTmaParams a{};
+cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d,
+                         const sm90::BwdTmaParams& maps, cudaStream_t s) {
+  sm90::BwdTmaParams a = maps;
   a.p = p;
-  a.q_map = maps.q;
-  a.do_map = maps.d_o;
   return launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, d.problem.num_heads_kv, a, s);
 }
 
 cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* ctx,
                    cudaStream_t s) {
-  const BwdMaps& maps = *static_cast<const BwdMaps*>(ctx);
+  const sm90::BwdTmaParams& maps = *static_cast<const sm90::BwdTmaParams*>(ctx);
   return d.problem.dtype == RATTN_DTYPE_BF16 ? launch_typed<__nv_bfloat16>(p, d, maps, s)
                                              : launch_typed<__half>(p, d, maps, s);
 }
@@ -50,10 +45,10 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
   }
   const CUtensorMapDataType type = pr.dtype == RATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  BwdMaps maps{};
-  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q, type, t.q, d.q(), pr.num_heads_q,
+  sm90::BwdTmaParams maps{};
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q_map, type, t.q, d.q(), pr.num_heads_q,
                                      pr.total_q, pr.head_dim_qk, d.bwd.block_m));
-  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "d_o", &maps.d_o, type, t.d_o, d.d_o(),
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "d_o", &maps.do_map, type, t.d_o, d.d_o(),
                                      pr.num_heads_q, pr.total_q, pr.head_dim_v, d.bwd.block_m));
   return run_backward(d, t, workspace, stream, &launch, &maps);
 }
