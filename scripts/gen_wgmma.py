@@ -14,6 +14,7 @@ OPS = [
     ("ss_m64n64k16", 64, False, 0, 0),
     # forward O += P V; backward dV += P^T dO, dK += dS^T Q: A in registers, B N-major
     ("rs_m64n128k16_tb", 128, True, 0, 1),
+    ("rs_m64n64k16_tb", 64, True, 0, 1),  # forward O += P V at head dim 64
     # backward dQ = dS K: dS from dS^T ([key][query], M-major), K N-major
     ("ss_m64n64k16_tab", 64, False, 1, 1),
 ]

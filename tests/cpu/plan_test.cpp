@@ -101,15 +101,15 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
 TEST(PlanPath, HopperPathOnlyWhereItTakesTheProblem) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
   // Head dims the Hopper kernels lack, an sm_80 device, or a forced portable backend: portable.
-  Problem d64 = long_problem(RATTN_BACKEND_AUTO);
-  d64.head_dim_qk = d64.head_dim_v = 64;
+  Problem d96 = long_problem(RATTN_BACKEND_AUTO);
+  d96.head_dim_qk = d96.head_dim_v = 96;
   Problem d192 = long_problem(RATTN_BACKEND_AUTO);
   d192.head_dim_qk = 192;
   struct Case {
     Problem p;
     DeviceCaps caps;
   };
-  for (const Case& c : {Case{d64, fake_hopper_caps()}, Case{d192, fake_hopper_caps()},
+  for (const Case& c : {Case{d96, fake_hopper_caps()}, Case{d192, fake_hopper_caps()},
                         Case{long_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
                         Case{long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
     Plan plan;
@@ -138,17 +138,34 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
   EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
 }
 
+TEST(PlanPath, HeadDim64TakesTheHopperForwardAndThePortableBackward) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  // The Hopper path runs its wgmma kernel in each direction it has one for the head dims, the
+  // portable kernel in the other, and says so.
+  for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
+    Problem d64 = long_problem(b);
+    d64.head_dim_qk = d64.head_dim_v = 64;
+    Plan plan;
+    ASSERT_TRUE(make_plan(d64, fake_hopper_caps(), &plan).ok());
+    EXPECT_EQ(plan.path(), Path::CudaSm90);
+    EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+    EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
+    EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma "));
+    EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+  }
+}
+
 TEST(PlanPath, ForcedHopperPathSaysWhyNot) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
-  Problem d64 = small_problem(RATTN_BACKEND_CUDA_SM90);
-  d64.head_dim_qk = d64.head_dim_v = 64;
+  Problem d96 = small_problem(RATTN_BACKEND_CUDA_SM90);
+  d96.head_dim_qk = d96.head_dim_v = 96;
   Plan plan;
-  Status s = make_plan(d64, fake_hopper_caps(), &plan);
+  Status s = make_plan(d96, fake_hopper_caps(), &plan);
   EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
   EXPECT_THAT(s.message(), HasSubstr("cuda_sm90"));
   EXPECT_THAT(s.message(), HasSubstr("available: cuda_portable, cpu"));
   if (kBuiltWithSm90) {
-    EXPECT_THAT(s.message(), HasSubstr("given head_dim_qk=64, head_dim_v=64"));
+    EXPECT_THAT(s.message(), HasSubstr("given head_dim_qk=96, head_dim_v=96"));
     s = make_plan(small_problem(RATTN_BACKEND_CUDA_SM90), fake_ampere_caps(), &plan);
     EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
     EXPECT_THAT(s.message(), HasSubstr("compute capability 8.0"));

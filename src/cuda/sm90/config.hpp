@@ -53,7 +53,7 @@ constexpr int kAutoMinSeqlenKv = 1024;
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
-  return dqk == 128 && dv == 128;
+  return dqk == dv && (dqk == 64 || dqk == 128);
 }
 
 constexpr int kSwizzleBytes = 128;   // one panel row

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   constexpr int OF = D / 8;   // n8 fragments of the output row block (one m64nD accumulator)
   constexpr int KSTEPS = D / 16;
   constexpr FwdSmem L = fwd_smem(D, D);
-  static_assert(D == 128, "P V is one m64n128 instruction per 16 keys");
+  static_assert(D == 64 || D == 128, "P V is one m64nD instruction per 16 keys");
   using Mma = portable::MmaType<T>;
 
   extern __shared__ unsigned char smem_raw[];
@@ -134,7 +134,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     for (int kc = 0; kc < BN / 16; ++kc) {
       const uint64_t db = desc_mn_major(
           v_addr + stage * uint32_t(L.v_stage) + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
-      rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
+      if constexpr (D == 128) {
+        rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
+      } else {
+        rs_m64n64k16_tb<T>(acc_o, a[kc], db, 1);
+      }
     }
   };
   auto issue_s = [&](int stage) {

@@ -12,9 +12,12 @@ namespace raggedattn {
 namespace cuda {
 namespace {
 
+// The instantiations: bf16 and fp16 at head dims 64 and 128 (sm90::fwd_supports).
 template <class T>
 cudaError_t launch(const portable::FwdParams& p, const PlanData& d, cudaStream_t s) {
-  return launch_kernel(sm90::fwd_kernel<T, 128>, d.fwd, d.problem.num_heads_q, p, s);
+  return d.problem.head_dim_qk == 64
+             ? launch_kernel(sm90::fwd_kernel<T, 64>, d.fwd, d.problem.num_heads_q, p, s)
+             : launch_kernel(sm90::fwd_kernel<T, 128>, d.fwd, d.problem.num_heads_q, p, s);
 }
 
 }  // namespace
