@@ -137,8 +137,7 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v) &&
       !sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     return str_cat(
-        "the Hopper path has kernels for head dims 64/64 (forward) and 128/128 (forward "
-        "and backward); given head_dim_qk=",
+        "the Hopper path has kernels for head dims 64/64 and 128/128; given head_dim_qk=",
         p.head_dim_qk, ", head_dim_v=", p.head_dim_v, " (backend cuda_portable takes it)");
   }
   return "";

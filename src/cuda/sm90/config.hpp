@@ -85,7 +85,7 @@ static_assert(128 * kBwd.producer_regs + 128 * kBwd.consumers * kBwd.consumer_re
 
 // The head dims the Hopper backward is built for.
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
-  return dqk == 128 && dv == 128;
+  return dqk == dv && (dqk == 64 || dqk == 128);
 }
 
 struct FwdSmem {
