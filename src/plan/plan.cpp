@@ -137,7 +137,8 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v) &&
       !sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     return str_cat(
-        "the Hopper path has kernels for head dims 64/64 and 128/128; given head_dim_qk=",
+        "the Hopper path has kernels for head dims 64/64 and 128/128 (and 256/256 forward); "
+        "given head_dim_qk=",
         p.head_dim_qk, ", head_dim_v=", p.head_dim_v, " (backend cuda_portable takes it)");
   }
   return "";
@@ -153,13 +154,14 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
   d->path = Path::CudaSm90;
   // Forward tiles are query tiles (block_m rows), backward tiles key tiles (block_n rows).
   if (wgmma_forward && sm90::fwd_supports(p.head_dim_qk, p.head_dim_v)) {
+    const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v);
     d->fwd = LaunchShape{KernelFamily::Wgmma,
-                         sm90::kFwd.block_m,
-                         sm90::kFwd.block_n,
+                         c.block_m,
+                         c.block_n,
                          sm90::kFwdThreads,
-                         sm90::kFwd.stages,
+                         c.stages,
                          sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
-                         RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m)};
+                         RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     d->bwd = LaunchShape{KernelFamily::Wgmma,

@@ -155,6 +155,23 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
   }
 }
 
+TEST(PlanPath, HeadDim256TakesTheHopperForwardAndThePortableBackward) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  // A head dim with a Hopper kernel in one direction only: the Hopper path runs it there and the
+  // portable kernel in the other, and says so.
+  for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
+    Problem d256 = long_problem(b);
+    d256.head_dim_qk = d256.head_dim_v = 256;
+    Plan plan;
+    ASSERT_TRUE(make_plan(d256, fake_hopper_caps(), &plan).ok());
+    EXPECT_EQ(plan.path(), Path::CudaSm90);
+    EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+    EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
+    EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x64 384thr"));
+    EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+  }
+}
+
 TEST(PlanPath, ForcedHopperPathSaysWhyNot) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
   Problem d96 = small_problem(RATTN_BACKEND_CUDA_SM90);

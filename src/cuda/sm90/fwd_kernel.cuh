@@ -31,12 +31,14 @@ using portable::FwdParams;
 
 template <class T, int D>
 __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
-  constexpr int BM = kFwd.block_m, BN = kFwd.block_n, STAGES = kFwd.stages;
+  constexpr FwdConfig C = fwd_config(D, D);
+  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
   constexpr int NF = BN / 8;  // n8 fragments of a score row block
   constexpr int OF = D / 8;   // n8 fragments of the output row block (one m64nD accumulator)
   constexpr int KSTEPS = D / 16;
   constexpr FwdSmem L = fwd_smem(D, D);
-  static_assert(D == 64 || D == 128, "P V is one m64nD instruction per 16 keys");
+  static_assert(D == 64 || D == 128 || D == 256, "P V is one m64nD instruction per 16 keys");
+  static_assert(BN == 64 || BN == 128, "S is one m64n(BN) instruction per 16 head-dim columns");
   using Mma = portable::MmaType<T>;
 
   extern __shared__ unsigned char smem_raw[];
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     mbar_init(q_full, 128);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128 * kFwd.consumers);
+      mbar_init(&empty[s], 128 * C.consumers);
     }
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
@@ -83,7 +85,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     // ---- Producer: Q once, then K/V tile i into stage i % STAGES once both consumers freed it.
     // Each thread makes its own copies visible (wait, proxy fence) before arriving, one tile
     // behind the copies it issues, so two tiles are in flight.
-    regs_dealloc<kFwd.producer_regs>();
+    regs_dealloc<C.producer_regs>();
     const int ptid = tid;
     const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
     const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   }
 
   // ---- Consumers: 64 query rows each.
-  regs_alloc<kFwd.consumer_regs>();
+  regs_alloc<C.consumer_regs>();
   const int cw = wg - 1, warp_in_wg = (tid % 128) / 32;
   const uint32_t q_addr = portable::smem_addr(smem + L.q);
   const uint32_t k_addr = portable::smem_addr(smem + L.k);
@@ -134,7 +136,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     for (int kc = 0; kc < BN / 16; ++kc) {
       const uint64_t db = desc_mn_major(
           v_addr + stage * uint32_t(L.v_stage) + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
-      if constexpr (D == 128) {
+      if constexpr (D == 256) {
+        rs_m64n256k16_tb<T>(acc_o, a[kc], db, 1);
+      } else if constexpr (D == 128) {
         rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
       } else {
         rs_m64n64k16_tb<T>(acc_o, a[kc], db, 1);
@@ -149,7 +153,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
           desc_k_major(q_addr + panel * BM * kSwizzleBytes + cw * 64 * kSwizzleBytes + within);
       const uint64_t db =
           desc_k_major(k_addr + stage * uint32_t(L.k_stage) + panel * BN * kSwizzleBytes + within);
-      ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      if constexpr (BN == 128) {
+        ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      } else {
+        ss_m64n64k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      }
     }
   };
   auto wait_products = [&]() {
