@@ -103,15 +103,13 @@ TEST(PlanPath, HopperPathOnlyWhereItTakesTheProblem) {
   // Head dims the Hopper kernels lack, an sm_80 device, or a forced portable backend: portable.
   Problem d96 = long_problem(RATTN_BACKEND_AUTO);
   d96.head_dim_qk = d96.head_dim_v = 96;
-  Problem d192 = long_problem(RATTN_BACKEND_AUTO);
-  d192.head_dim_qk = 192;
   struct Case {
     Problem p;
     DeviceCaps caps;
   };
-  for (const Case& c : {Case{d96, fake_hopper_caps()}, Case{d192, fake_hopper_caps()},
-                        Case{long_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
-                        Case{long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
+  for (const Case& c :
+       {Case{d96, fake_hopper_caps()}, Case{long_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
+        Case{long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
     Plan plan;
     ASSERT_TRUE(make_plan(c.p, c.caps, &plan).ok());
     EXPECT_EQ(plan.path(), Path::CudaPortable) << plan.describe();
@@ -155,20 +153,24 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
   }
 }
 
-TEST(PlanPath, HeadDim256TakesTheHopperForwardAndThePortableBackward) {
+TEST(PlanPath, HeadDims256And192TakeTheHopperForwardAndThePortableBackward) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
   // A head dim with a Hopper kernel in one direction only: the Hopper path runs it there and the
   // portable kernel in the other, and says so.
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
-    Problem d256 = long_problem(b);
-    d256.head_dim_qk = d256.head_dim_v = 256;
-    Plan plan;
-    ASSERT_TRUE(make_plan(d256, fake_hopper_caps(), &plan).ok());
-    EXPECT_EQ(plan.path(), Path::CudaSm90);
-    EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
-    EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
-    EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x64 384thr"));
-    EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+    for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
+      Problem p = long_problem(b);
+      p.head_dim_qk = dims.first;
+      p.head_dim_v = dims.second;
+      Plan plan;
+      ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+      EXPECT_EQ(plan.path(), Path::CudaSm90);
+      EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+      EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
+      EXPECT_THAT(plan.describe(), HasSubstr(dims.first == 256 ? "fwd[wgmma 128x64 384thr"
+                                                               : "fwd[wgmma 128x128 384thr"));
+      EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+    }
   }
 }
 

@@ -35,11 +35,15 @@ struct FwdConfig {
   int producer_regs, consumer_regs;  // registers per thread after reallocation
 };
 
-// Per head dim: 128 keys per K/V tile and three stages up to D = 128; at D = 256 the O
-// accumulator (m64n256, 128 registers) leaves room for a 64-key score tile only, and two stages of
-// K/V fit next to the 64 KiB Q tile.
+// Per head dims: 128 keys per K/V tile and three stages up to D = 128; two stages at Dqk = 192
+// (Dv = 128), where a stage's K tile is 48 KiB, and 56 producer registers (its 24 copies per
+// thread of the Q tile spill under 40); at D = 256 the O accumulator (m64n256, 128
+// registers) leaves room for a 64-key score tile only, and two stages fit next to the 64 KiB Q
+// tile.
 RATTN_HD constexpr FwdConfig fwd_config(int dqk, int /*dv*/) {
-  return dqk > 128 ? FwdConfig{128, 64, 2, 2, 40, 232} : FwdConfig{128, 128, 2, 3, 40, 232};
+  return dqk == 256   ? FwdConfig{128, 64, 2, 2, 40, 232}
+         : dqk == 192 ? FwdConfig{128, 128, 2, 2, 56, 224}
+                      : FwdConfig{128, 128, 2, 3, 40, 232};
 }
 constexpr int kFwdConsumers = 2;
 constexpr int kFwdThreads = (kFwdConsumers + 1) * 128;
@@ -48,7 +52,7 @@ RATTN_HD constexpr bool fwd_config_ok(FwdConfig c) {
          128 * c.producer_regs + 128 * c.consumers * c.consumer_regs <= register_pool(kFwdThreads);
 }
 static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128, 128)) &&
-                  fwd_config_ok(fwd_config(256, 256)),
+                  fwd_config_ok(fwd_config(192, 128)) && fwd_config_ok(fwd_config(256, 256)),
               "one wgmma M per consumer warpgroup, and the warpgroups' registers after "
               "reallocation within the CTA's pool");
 
@@ -63,7 +67,7 @@ constexpr int kAutoMinSeqlenKv = 1024;
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
-  return dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256);
+  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
 }
 
 constexpr int kSwizzleBytes = 128;   // one panel row
