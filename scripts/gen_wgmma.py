@@ -13,9 +13,13 @@ OPS = [
     ("ss_m64n128k16", 128, False, 0, 0),
     ("ss_m64n64k16", 64, False, 0, 0),
     # forward O += P V; backward dV += P^T dO, dK += dS^T Q: A in registers, B N-major
+    # (m64n128 at head dim 128, m64n64 at head dim 64)
     ("rs_m64n128k16_tb", 128, True, 0, 1),
+    ("rs_m64n64k16_tb", 64, True, 0, 1),
+    ("rs_m64n256k16_tb", 256, True, 0, 1),  # forward O += P V at head dim 256
     # backward dQ = dS K: dS from dS^T ([key][query], M-major), K N-major
     ("ss_m64n64k16_tab", 64, False, 1, 1),
+    ("ss_m64n32k16_tab", 32, False, 1, 1),  # dQ at head dim 64 (32 columns per warpgroup)
 ]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 

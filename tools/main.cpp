@@ -263,7 +263,7 @@ int cmd_check(const Options& o) {
     c.deterministic = o.spec.deterministic;
     c.backend = o.spec.backend;
   }
-  // The whole suite on a path that takes only some shapes (cuda_sm90: head dims 128/128): the
+  // The whole suite on a path that takes only some shapes (cuda_sm90: head dims 64 and 128): the
   // configurations whose head dims it lacks are listed as skipped, with the library's reason, and
   // the rest run.
   // One named config, or a path that takes every shape, still fails on a rejection.
@@ -274,7 +274,7 @@ int cmd_check(const Options& o) {
       Plan plan;
       const Status s =
           make_plan(verify::make_problem(c, verify::make_layout(c, 0)), query_device(), &plan);
-      const bool hopper_dims = sm90::fwd_supports(c.dqk, c.dv) && sm90::bwd_supports(c.dqk, c.dv);
+      const bool hopper_dims = sm90::fwd_supports(c.dqk, c.dv) || sm90::bwd_supports(c.dqk, c.dv);
       if (s.code() == RATTN_ERROR_NOT_SUPPORTED && !hopper_dims) {
         skipped.push_back(c.name + ": " + s.message());
       } else {

@@ -72,7 +72,8 @@ Status backward(const Plan& plan, const BwdTensors& t, void* workspace, size_t w
 #endif
     case Path::CudaSm90:
 #ifdef RATTN_WITH_SM90
-      return cuda::sm90_backward(d, t, workspace, stream);
+      return d.bwd.family == KernelFamily::Wgmma ? cuda::sm90_backward(d, t, workspace, stream)
+                                                 : cuda::portable_backward(d, t, workspace, stream);
 #else
       break;
 #endif

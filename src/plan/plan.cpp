@@ -134,39 +134,45 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   if (p.dtype == RATTN_DTYPE_FP32) {
     return "the Hopper path takes bf16 or fp16 (fp32 runs on backend cpu)";
   }
-  if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v) ||
+  if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v) &&
       !sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
-    return str_cat("the Hopper path supports head_dim_qk=128, head_dim_v=128; given head_dim_qk=",
-                   p.head_dim_qk, ", head_dim_v=", p.head_dim_v,
-                   " (backend cuda_portable takes it)");
+    return str_cat(
+        "the Hopper path has kernels for head dims 64/64 and 128/128 (and 192/128, 256/256 "
+        "forward); "
+        "given head_dim_qk=",
+        p.head_dim_qk, ", head_dim_v=", p.head_dim_v, " (backend cuda_portable takes it)");
   }
   return "";
 }
 
-// The Hopper path: the wgmma backward, and the wgmma forward unless `wgmma_forward` is false
-// (then the portable forward, which measured faster on short documents); the backward scratch of
-// every path, sized from the backward shape chosen here.
+// The Hopper path: per direction, its wgmma kernel where it has one for the head dims
+// (sm90::fwd_supports, sm90::bwd_supports) and the portable kernel otherwise; the forward also
+// takes the portable kernel when `wgmma_forward` is false (it measured faster on short
+// documents). The backward scratch of every path is sized from the backward shape chosen here.
 Status plan_sm90(PlanData* d, bool wgmma_forward) {
   RATTN_RETURN_IF_ERROR(portable_shapes(d));  // dtype checks and the portable shapes
   const Problem& p = d->problem;
   d->path = Path::CudaSm90;
   // Forward tiles are query tiles (block_m rows), backward tiles key tiles (block_n rows).
-  if (wgmma_forward) {
+  if (wgmma_forward && sm90::fwd_supports(p.head_dim_qk, p.head_dim_v)) {
+    const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v);
     d->fwd = LaunchShape{KernelFamily::Wgmma,
-                         sm90::kFwd.block_m,
-                         sm90::kFwd.block_n,
+                         c.block_m,
+                         c.block_n,
                          sm90::kFwdThreads,
-                         sm90::kFwd.stages,
+                         c.stages,
                          sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
-                         RaggedTiles::bound(p.total_q, p.batch, sm90::kFwd.block_m)};
+                         RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
   }
-  d->bwd = LaunchShape{KernelFamily::Wgmma,
-                       sm90::kBwd.block_m,
-                       sm90::kBwd.block_n,
-                       sm90::kBwdThreads,
-                       sm90::kBwd.stages,
-                       sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
-                       RaggedTiles::bound(p.total_kv, p.batch, sm90::kBwd.block_n)};
+  if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
+    d->bwd = LaunchShape{KernelFamily::Wgmma,
+                         sm90::kBwd.block_m,
+                         sm90::kBwd.block_n,
+                         sm90::kBwdThreads,
+                         sm90::kBwd.stages,
+                         sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
+                         RaggedTiles::bound(p.total_kv, p.batch, sm90::kBwd.block_n)};
+  }
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {
       return not_supported("make_plan", "the Hopper path needs ", s->smem_bytes,

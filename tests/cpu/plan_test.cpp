@@ -101,17 +101,15 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
 TEST(PlanPath, HopperPathOnlyWhereItTakesTheProblem) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
   // Head dims the Hopper kernels lack, an sm_80 device, or a forced portable backend: portable.
-  Problem d64 = long_problem(RATTN_BACKEND_AUTO);
-  d64.head_dim_qk = d64.head_dim_v = 64;
-  Problem d192 = long_problem(RATTN_BACKEND_AUTO);
-  d192.head_dim_qk = 192;
+  Problem d96 = long_problem(RATTN_BACKEND_AUTO);
+  d96.head_dim_qk = d96.head_dim_v = 96;
   struct Case {
     Problem p;
     DeviceCaps caps;
   };
-  for (const Case& c : {Case{d64, fake_hopper_caps()}, Case{d192, fake_hopper_caps()},
-                        Case{long_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
-                        Case{long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
+  for (const Case& c :
+       {Case{d96, fake_hopper_caps()}, Case{long_problem(RATTN_BACKEND_AUTO), fake_ampere_caps()},
+        Case{long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps()}}) {
     Plan plan;
     ASSERT_TRUE(make_plan(c.p, c.caps, &plan).ok());
     EXPECT_EQ(plan.path(), Path::CudaPortable) << plan.describe();
@@ -138,17 +136,55 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
   EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
 }
 
+TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  // The Hopper path runs its wgmma kernel in each direction it has one for the head dims (the
+  // portable kernel in the other, which no head dim needs today), and says so.
+  for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
+    Problem d64 = long_problem(b);
+    d64.head_dim_qk = d64.head_dim_v = 64;
+    Plan plan;
+    ASSERT_TRUE(make_plan(d64, fake_hopper_caps(), &plan).ok());
+    EXPECT_EQ(plan.path(), Path::CudaSm90);
+    EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+    EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
+    EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma "));
+    EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
+  }
+}
+
+TEST(PlanPath, HeadDims256And192TakeTheHopperForwardAndThePortableBackward) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  // A head dim with a Hopper kernel in one direction only: the Hopper path runs it there and the
+  // portable kernel in the other, and says so.
+  for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
+    for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
+      Problem p = long_problem(b);
+      p.head_dim_qk = dims.first;
+      p.head_dim_v = dims.second;
+      Plan plan;
+      ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+      EXPECT_EQ(plan.path(), Path::CudaSm90);
+      EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+      EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
+      EXPECT_THAT(plan.describe(), HasSubstr(dims.first == 256 ? "fwd[wgmma 128x64 384thr"
+                                                               : "fwd[wgmma 128x128 384thr"));
+      EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+    }
+  }
+}
+
 TEST(PlanPath, ForcedHopperPathSaysWhyNot) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
-  Problem d64 = small_problem(RATTN_BACKEND_CUDA_SM90);
-  d64.head_dim_qk = d64.head_dim_v = 64;
+  Problem d96 = small_problem(RATTN_BACKEND_CUDA_SM90);
+  d96.head_dim_qk = d96.head_dim_v = 96;
   Plan plan;
-  Status s = make_plan(d64, fake_hopper_caps(), &plan);
+  Status s = make_plan(d96, fake_hopper_caps(), &plan);
   EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
   EXPECT_THAT(s.message(), HasSubstr("cuda_sm90"));
   EXPECT_THAT(s.message(), HasSubstr("available: cuda_portable, cpu"));
   if (kBuiltWithSm90) {
-    EXPECT_THAT(s.message(), HasSubstr("given head_dim_qk=64, head_dim_v=64"));
+    EXPECT_THAT(s.message(), HasSubstr("given head_dim_qk=96, head_dim_v=96"));
     s = make_plan(small_problem(RATTN_BACKEND_CUDA_SM90), fake_ampere_caps(), &plan);
     EXPECT_EQ(s.code(), RATTN_ERROR_NOT_SUPPORTED);
     EXPECT_THAT(s.message(), HasSubstr("compute capability 8.0"));

@@ -91,13 +91,13 @@ std::vector<SuiteParam> named_variants(rattn_backend backend, const std::vector<
 // Runs one case on a fresh seed and expects every segment to pass on a plan whose description
 // contains every one of `path_parts`; deterministic cases must also repeat bitwise.
 inline void expect_case_passes(const verify::CaseSpec& spec,
-                               std::initializer_list<const char*> path_parts) {
+                               const std::vector<std::string>& path_parts) {
   verify::RunOptions opt;
   opt.seed = run_seed();
   const verify::CaseReport r = verify::run_case(spec, opt);
   EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << table(r);
   EXPECT_EQ(r.status, RATTN_SUCCESS) << r.stage << ": " << r.error;
-  for (const char* part : path_parts) {
+  for (const std::string& part : path_parts) {
     EXPECT_NE(r.path.find(part), std::string::npos) << "expected " << part << " in " << r.path;
   }
   if (spec.deterministic) {

@@ -1,13 +1,15 @@
 // The Hopper path (wgmma forward and backward) against the CPU reference, per segment and per
-// tensor: the named configurations it takes (head dims 128/128), bf16 and fp16, both dQ modes, the
-// deterministic mode, and random ragged problems drawn fresh every run. Skipped where there is no
-// sm_90 device or the build lacks the Hopper kernels.
+// tensor: the named configurations it takes (head dims 64/64 and 128/128; 192/128 and 256/256
+// with the portable backward), bf16 and fp16, both dQ
+// modes, the deterministic mode, and random ragged problems drawn fresh every run. Skipped where
+// there is no sm_90 device or the build lacks the Hopper kernels.
 #include <gtest/gtest.h>
 
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "cuda/sm90/config.hpp"
 #include "gpu_test_util.hpp"
 #include "verify/case_spec.hpp"
 
@@ -26,14 +28,23 @@ std::vector<SuiteParam> suite_params() {
        {"fp16_dq_fp32", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_FP32, false},
        {"fp16_dq_fp16", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_BF16, false},
        {"bf16_deterministic", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, true}},
-      [](const CaseSpec& c) { return c.dqk == 128 && c.dv == 128; });  // its head dims
+      [](const CaseSpec& c) {  // the configurations with a Hopper kernel in some direction
+        return sm90::fwd_supports(c.dqk, c.dv) || sm90::bwd_supports(c.dqk, c.dv);
+      });
+}
+
+// What the Plan must print for a configuration: the Hopper path, and per direction its wgmma
+// kernel where one exists for the head dims, the portable kernel otherwise.
+std::vector<std::string> expected_path(const CaseSpec& c) {
+  return {"cuda_sm90", sm90::fwd_supports(c.dqk, c.dv) ? "fwd[wgmma" : "fwd[mma.sync",
+          sm90::bwd_supports(c.dqk, c.dv) ? "bwd[wgmma" : "bwd[mma.sync"};
 }
 
 class HopperSuite : public ::testing::TestWithParam<SuiteParam> {};
 
 TEST_P(HopperSuite, EverySegmentMatchesTheReference) {
   RATTN_REQUIRE_SM90();
-  gpu_test::expect_case_passes(GetParam().spec, {"cuda_sm90", "fwd[wgmma", "bwd[wgmma"});
+  gpu_test::expect_case_passes(GetParam().spec, expected_path(GetParam().spec));
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
@@ -57,15 +68,24 @@ TEST(HopperRandom, FreshRaggedProblems) {
     lim.dtype = (i % 4 == 3) ? RATTN_DTYPE_FP16 : RATTN_DTYPE_BF16;
     lim.backend = RATTN_BACKEND_CUDA_SM90;
     CaseSpec spec = verify::random_case(base + uint64_t(i), lim);
-    spec.dqk = spec.dv = 128;
+    // Head dims: 128 in three cases of five, 64 in one, and in the fifth 256/256 or 192/128
+    // (their backward on the portable kernel) in turn.
+    spec.dqk = spec.dv = (i % 5 == 4) ? 64 : 128;
+    if (i % 5 == 2) {
+      spec.dqk = (i / 5) % 2 ? 192 : 256;
+      spec.dv = (i / 5) % 2 ? 128 : 256;
+    }
     spec.dq_accum = (i % 2) ? RATTN_DQ_ACCUM_BF16 : RATTN_DQ_ACCUM_FP32;
     spec.deterministic = (i % 7 == 3);
     verify::RunOptions opt;
     opt.seed = base + uint64_t(i);
     const verify::CaseReport r = verify::run_case(spec, opt);
-    if (r.plan_error() || r.path.find("cuda_sm90") == std::string::npos ||
-        r.path.find("bwd[wgmma") == std::string::npos) {
-      ADD_FAILURE() << "case " << i << ": not run on the Hopper path: " << r.error << r.path;
+    bool on_path = !r.plan_error();
+    for (const std::string& part : expected_path(spec)) {
+      on_path = on_path && r.path.find(part) != std::string::npos;
+    }
+    if (!on_path) {
+      ADD_FAILURE() << "case " << i << ": not run on the Hopper kernels: " << r.error << r.path;
       ++failures;
       continue;
     }

@@ -50,7 +50,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr int PANEL = 64;        // 16-bit elements per 128-byte panel row
   constexpr BwdSmem L = bwd_smem(D, D);
   constexpr int STAGES = kBwd.stages;
-  static_assert(D == 128, "dK and dV are one m64n128 accumulator each; dQ is two m64n64 halves");
+  static_assert(D == 64 || D == 128,
+                "dK and dV are one m64nD accumulator each; dQ is two m64n(D/2) halves");
+  constexpr int DQ_COLS = D / 2;  // dQ columns per consumer warpgroup
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
   using Mma = portable::MmaType<T>;
   using portable::smem_addr;
@@ -304,15 +306,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // dV += P^T dO and dK += dS^T Q (A from registers, B N-major: its rows are this step's
     // queries, its columns the head dim in two panels).
     wgmma_fence();
+    auto accumulate = [&](float(&acc)[D / 8][4], const uint32_t(&a)[4], uint64_t b) {
+      if constexpr (D == 128) {
+        rs_m64n128k16_tb<T>(acc, a, b, 1);
+      } else {
+        rs_m64n64k16_tb<T>(acc, a, b, 1);
+      }
+    };
 #pragma unroll
     for (int kc = 0; kc < QSTEPS; ++kc) {
-      rs_m64n128k16_tb<T>(acc_dv, a_p[kc],
-                          desc_mn_major(do_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes), 1);
+      accumulate(acc_dv, a_p[kc],
+                 desc_mn_major(do_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes));
     }
 #pragma unroll
     for (int kc = 0; kc < QSTEPS; ++kc) {
-      rs_m64n128k16_tb<T>(acc_dk, a_ds[kc],
-                          desc_mn_major(q_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes), 1);
+      accumulate(acc_dk, a_ds[kc],
+                 desc_mn_major(q_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -334,18 +343,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     fence_proxy_async_smem();
     named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
 
-    // dQ[:, 64c .. 64c + 63] = dS K: A = dS^T read M-major (queries contiguous), B = K's panel c
-    // read N-major; k16 steps over the CTA's 128 keys.
-    float dq[PANEL / 8][4];
+    // dQ[:, c D/2 .. (c + 1) D/2) = dS K: A = dS^T read M-major (queries contiguous), B = K's
+    // columns from c D/2 read N-major (panel c at D = 128; at D = 64 both halves share panel 0,
+    // warpgroup 1's starting 64 bytes into each row); k16 steps over the CTA's 128 keys.
+    float dq[DQ_COLS / 8][4];
 #pragma unroll
-    for (int f = 0; f < PANEL / 8; ++f) dq[f][0] = dq[f][1] = dq[f][2] = dq[f][3] = 0.f;
+    for (int f = 0; f < DQ_COLS / 8; ++f) dq[f][0] = dq[f][1] = dq[f][2] = dq[f][3] = 0.f;
     wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < NSTEPS; ++kc) {
-      ss_m64n64k16_tab<T>(dq, desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes),
-                          desc_mn_major(k_base + c * BN * kSwizzleBytes + kc * 16 * kSwizzleBytes,
-                                        BN * kSwizzleBytes),
-                          kc > 0 ? 1 : 0);
+      const uint64_t da = desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
+      if constexpr (D == 128) {  // panel c
+        ss_m64n64k16_tab<T>(dq, da,
+                            desc_mn_major(k_base + c * BN * kSwizzleBytes + kc * 16 * kSwizzleBytes,
+                                          BN * kSwizzleBytes),
+                            kc > 0 ? 1 : 0);
+      } else {  // panel 0, 2 * DQ_COLS bytes into each row for warpgroup 1
+        ss_m64n32k16_tab<T>(
+            dq, da,
+            desc_mn_major(k_base + c * DQ_COLS * 2 + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes),
+            kc > 0 ? 1 : 0);
+      }
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -359,18 +377,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = warp_in_wg * 16 + lane / 4 + 8 * half;
-      const int col = c * PANEL + 2 * (lane % 4);
+      const int col = c * DQ_COLS + 2 * (lane % 4);
       if (p.dq_accum.type == AccumType::F32) {
         float* row = reinterpret_cast<float*>(smem + L.dq) + r * D + col;
 #pragma unroll
-        for (int f = 0; f < PANEL / 8; ++f) {
+        for (int f = 0; f < DQ_COLS / 8; ++f) {
           *reinterpret_cast<float2*>(row + f * 8) =
               make_float2(dq[f][2 * half], dq[f][2 * half + 1]);
         }
       } else {
         T* row = reinterpret_cast<T*>(smem + L.dq) + r * D + col;
 #pragma unroll
-        for (int f = 0; f < PANEL / 8; ++f) {
+        for (int f = 0; f < DQ_COLS / 8; ++f) {
           *reinterpret_cast<uint32_t*>(row + f * 8) =
               Mma::pack(dq[f][2 * half], dq[f][2 * half + 1]);
         }

@@ -22,7 +22,10 @@ cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d,
                          const sm90::BwdTmaParams& maps, cudaStream_t s) {
   sm90::BwdTmaParams a = maps;
   a.p = p;
-  return launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, d.problem.num_heads_kv, a, s);
+  // The instantiations: bf16 and fp16 at head dims 64 and 128 (sm90::bwd_supports).
+  return d.problem.head_dim_qk == 64
+             ? launch_kernel(sm90::bwd_kernel<T, 64>, d.bwd, d.problem.num_heads_kv, a, s)
+             : launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, d.problem.num_heads_kv, a, s);
 }
 
 cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* ctx,

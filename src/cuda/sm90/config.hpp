@@ -35,12 +35,26 @@ struct FwdConfig {
   int producer_regs, consumer_regs;  // registers per thread after reallocation
 };
 
-constexpr FwdConfig kFwd{128, 128, 2, 3, 40, 232};
-constexpr int kFwdThreads = (kFwd.consumers + 1) * 128;
-static_assert(kFwd.block_m == 64 * kFwd.consumers, "one wgmma M per consumer warpgroup");
-static_assert(128 * kFwd.producer_regs + 128 * kFwd.consumers * kFwd.consumer_regs <=
-                  register_pool(kFwdThreads),
-              "the warpgroups' registers after reallocation exceed the CTA's pool");
+// Per head dims: 128 keys per K/V tile and three stages up to D = 128; two stages at Dqk = 192
+// (Dv = 128), where a stage's K tile is 48 KiB, and 56 producer registers (its 24 copies per
+// thread of the Q tile spill under 40); at D = 256 the O accumulator (m64n256, 128
+// registers) leaves room for a 64-key score tile only, and two stages fit next to the 64 KiB Q
+// tile.
+RATTN_HD constexpr FwdConfig fwd_config(int dqk, int /*dv*/) {
+  return dqk == 256   ? FwdConfig{128, 64, 2, 2, 40, 232}
+         : dqk == 192 ? FwdConfig{128, 128, 2, 2, 56, 224}
+                      : FwdConfig{128, 128, 2, 3, 40, 232};
+}
+constexpr int kFwdConsumers = 2;
+constexpr int kFwdThreads = (kFwdConsumers + 1) * 128;
+RATTN_HD constexpr bool fwd_config_ok(FwdConfig c) {
+  return c.consumers == kFwdConsumers && c.block_m == 64 * c.consumers &&
+         128 * c.producer_regs + 128 * c.consumers * c.consumer_regs <= register_pool(kFwdThreads);
+}
+static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128, 128)) &&
+                  fwd_config_ok(fwd_config(192, 128)) && fwd_config_ok(fwd_config(256, 256)),
+              "one wgmma M per consumer warpgroup, and the warpgroups' registers after "
+              "reallocation within the CTA's pool");
 
 // The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
 // forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
@@ -53,7 +67,7 @@ constexpr int kAutoMinSeqlenKv = 1024;
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
-  return dqk == 128 && dv == 128;
+  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
 }
 
 constexpr int kSwizzleBytes = 128;   // one panel row
@@ -85,7 +99,7 @@ static_assert(128 * kBwd.producer_regs + 128 * kBwd.consumers * kBwd.consumer_re
 
 // The head dims the Hopper backward is built for.
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
-  return dqk == 128 && dv == 128;
+  return dqk == dv && (dqk == 64 || dqk == 128);
 }
 
 struct FwdSmem {
@@ -95,14 +109,15 @@ struct FwdSmem {
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
 RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
+  const FwdConfig c = fwd_config(dqk, dv);
   FwdSmem s{};
-  s.k_stage = tile_bytes(kFwd.block_n, dqk);
-  s.v_stage = tile_bytes(kFwd.block_n, dv);
+  s.k_stage = tile_bytes(c.block_n, dqk);
+  s.v_stage = tile_bytes(c.block_n, dv);
   s.q = 0;
-  s.k = s.q + tile_bytes(kFwd.block_m, dqk);
-  s.v = s.k + kFwd.stages * s.k_stage;
-  s.bars = s.v + kFwd.stages * s.v_stage;
-  s.bytes = s.bars + (1 + 2 * kFwd.stages) * 8 + kSmemAlign;
+  s.k = s.q + tile_bytes(c.block_m, dqk);
+  s.v = s.k + c.stages * s.k_stage;
+  s.bars = s.v + c.stages * s.v_stage;
+  s.bytes = s.bars + (1 + 2 * c.stages) * 8 + kSmemAlign;
   return s;
 }
 

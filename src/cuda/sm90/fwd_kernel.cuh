@@ -29,14 +29,16 @@ namespace sm90 {
 
 using portable::FwdParams;
 
-template <class T, int D>
+template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
-  constexpr int BM = kFwd.block_m, BN = kFwd.block_n, STAGES = kFwd.stages;
+  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
   constexpr int NF = BN / 8;  // n8 fragments of a score row block
-  constexpr int OF = D / 8;   // n8 fragments of the output row block (one m64nD accumulator)
-  constexpr int KSTEPS = D / 16;
-  constexpr FwdSmem L = fwd_smem(D, D);
-  static_assert(D == 128, "P V is one m64n128 instruction per 16 keys");
+  constexpr int OF = DV / 8;  // n8 fragments of the output row block (one m64nDV accumulator)
+  constexpr int KSTEPS = DQK / 16;
+  constexpr FwdSmem L = fwd_smem(DQK, DV);
+  static_assert(DV == 64 || DV == 128 || DV == 256, "P V is one m64nDV instruction per 16 keys");
+  static_assert(BN == 64 || BN == 128, "S is one m64n(BN) instruction per 16 head-dim columns");
   using Mma = portable::MmaType<T>;
 
   extern __shared__ unsigned char smem_raw[];
@@ -60,8 +62,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   const int64_t o_stride = p.o_layout.token_stride;
 
   if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-    for (int c = tid; c < rows * (D / 8); c += kFwdThreads) {
-      const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    for (int c = tid; c < rows * (DV / 8); c += kFwdThreads) {
+      const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
       *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
     }
     for (int r = tid; r < rows; r += kFwdThreads) lse[r] = -INFINITY;
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     mbar_init(q_full, 128);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128 * kFwd.consumers);
+      mbar_init(&empty[s], 128 * C.consumers);
     }
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
@@ -83,22 +85,22 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     // ---- Producer: Q once, then K/V tile i into stage i % STAGES once both consumers freed it.
     // Each thread makes its own copies visible (wait, proxy fence) before arriving, one tile
     // behind the copies it issues, so two tiles are in flight.
-    regs_dealloc<kFwd.producer_regs>();
+    regs_dealloc<C.producer_regs>();
     const int ptid = tid;
     const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
     const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
     const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
     const int64_t k_stride = p.k_layout.token_stride, v_stride = p.v_layout.token_stride;
-    load_tile_sw128<BM, D, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
+    load_tile_sw128<BM, DQK, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
     portable::cp_async_commit();
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % STAGES;
       if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
       const int n0 = (n_first + i) * BN;
-      load_tile_sw128<BN, D, 128>(smem + L.k + s * L.k_stage, k + int64_t(n0) * k_stride, k_stride,
-                                  seg.len_kv - n0, ptid);
-      load_tile_sw128<BN, D, 128>(smem + L.v + s * L.v_stage, v + int64_t(n0) * v_stride, v_stride,
-                                  seg.len_kv - n0, ptid);
+      load_tile_sw128<BN, DQK, 128>(smem + L.k + s * L.k_stage, k + int64_t(n0) * k_stride,
+                                    k_stride, seg.len_kv - n0, ptid);
+      load_tile_sw128<BN, DV, 128>(smem + L.v + s * L.v_stage, v + int64_t(n0) * v_stride, v_stride,
+                                   seg.len_kv - n0, ptid);
       portable::cp_async_commit();
       portable::cp_async_wait<1>();  // Q (i = 0) or tile i - 1 has landed
       fence_proxy_async_smem();
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   }
 
   // ---- Consumers: 64 query rows each.
-  regs_alloc<kFwd.consumer_regs>();
+  regs_alloc<C.consumer_regs>();
   const int cw = wg - 1, warp_in_wg = (tid % 128) / 32;
   const uint32_t q_addr = portable::smem_addr(smem + L.q);
   const uint32_t k_addr = portable::smem_addr(smem + L.k);
@@ -134,18 +136,34 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     for (int kc = 0; kc < BN / 16; ++kc) {
       const uint64_t db = desc_mn_major(
           v_addr + stage * uint32_t(L.v_stage) + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
-      rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
+      if constexpr (DV == 256) {
+        rs_m64n256k16_tb<T>(acc_o, a[kc], db, 1);
+      } else if constexpr (DV == 128) {
+        rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
+      } else {
+        rs_m64n64k16_tb<T>(acc_o, a[kc], db, 1);
+      }
     }
   };
   auto issue_s = [&](int stage) {
+    uint32_t q_base = q_addr;
+    if constexpr (DQK > 128) {
+      // Opaque past D = 128: otherwise the compiler keeps the KSTEPS loop-invariant Q descriptors
+      // (64 bits each) in registers across the key loop, which spills.
+      asm volatile("" : "+r"(q_base));
+    }
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
       const uint64_t da =
-          desc_k_major(q_addr + panel * BM * kSwizzleBytes + cw * 64 * kSwizzleBytes + within);
+          desc_k_major(q_base + panel * BM * kSwizzleBytes + cw * 64 * kSwizzleBytes + within);
       const uint64_t db =
           desc_k_major(k_addr + stage * uint32_t(L.k_stage) + panel * BN * kSwizzleBytes + within);
-      ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      if constexpr (BN == 128) {
+        ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      } else {
+        ss_m64n64k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      }
     }
   };
   auto wait_products = [&]() {

@@ -12,9 +12,20 @@ namespace raggedattn {
 namespace cuda {
 namespace {
 
+// The instantiations: bf16 and fp16 at head dims 64, 128, 192/128 and 256 (sm90::fwd_supports).
 template <class T>
 cudaError_t launch(const portable::FwdParams& p, const PlanData& d, cudaStream_t s) {
-  return launch_kernel(sm90::fwd_kernel<T, 128>, d.fwd, d.problem.num_heads_q, p, s);
+  const int hq = d.problem.num_heads_q;
+  switch (d.problem.head_dim_qk) {
+    case 64:
+      return launch_kernel(sm90::fwd_kernel<T, 64, 64>, d.fwd, hq, p, s);
+    case 192:
+      return launch_kernel(sm90::fwd_kernel<T, 192, 128>, d.fwd, hq, p, s);
+    case 256:
+      return launch_kernel(sm90::fwd_kernel<T, 256, 256>, d.fwd, hq, p, s);
+    default:
+      return launch_kernel(sm90::fwd_kernel<T, 128, 128>, d.fwd, hq, p, s);
+  }
 }
 
 }  // namespace
