@@ -1,7 +1,8 @@
 // Forward kernel of the Hopper path (sm_90a): one CTA per (query tile of a segment, query head).
-// Warp-specialized: a producer warpgroup copies Q and the K/V tiles into shared memory (cp.async,
-// a three-stage ring handed over with mbarriers); two consumer warpgroups of 64 query rows each run
-// wgmma with register accumulators, each at its own pace (no CTA-wide barrier in the loop).
+// Warp-specialized: a producer warpgroup copies Q (cp.async) and the K/V tiles (TMA inside a
+// segment) into shared memory, a three-stage ring handed over with mbarriers; two consumer
+// warpgroups of 64 query rows each run wgmma with register accumulators, each at its own pace (no
+// CTA-wide barrier in the loop).
 //
 // Per key tile n (128 keys), in a consumer:
 //   S = Q K_n^T      8 x wgmma m64n128k16, both operands from shared memory (K-major)
@@ -29,8 +30,17 @@ namespace sm90 {
 
 using portable::FwdParams;
 
+// The kernel's parameters: the shared forward parameters and the TMA maps of K and V (boxes of
+// block_n rows, tensor_map.hpp).
+struct FwdTmaParams {
+  FwdParams p;
+  CUtensorMap k_map, v_map;
+};
+
 template <class T, int D>
-__global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdTmaParams args) {
+  const FwdParams& p = args.p;
   constexpr int BM = kFwd.block_m, BN = kFwd.block_n, STAGES = kFwd.stages;
   constexpr int NF = BN / 8;  // n8 fragments of a score row block
   constexpr int OF = D / 8;   // n8 fragments of the output row block (one m64nD accumulator)
@@ -80,9 +90,12 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    // ---- Producer: Q once, then K/V tile i into stage i % STAGES once both consumers freed it.
-    // Each thread makes its own copies visible (wait, proxy fence) before arriving, one tile
-    // behind the copies it issues, so two tiles are in flight.
+    // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
+    // freed it. A tile inside its segment comes by TMA (thread 0 issues two boxes per tensor,
+    // completing on the stage's barrier); a segment's partial last tile by cp.async with zero fill
+    // (V rows past a segment may hold anything, NaN included, and P V would carry it into O).
+    // Every thread arrives once its own copies have landed and are visible to the async proxy, so
+    // a stage's barrier completes when all 128 threads and the TMA bytes are in.
     regs_dealloc<kFwd.producer_regs>();
     const int ptid = tid;
     const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
@@ -95,18 +108,35 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       const int s = i % STAGES;
       if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
       const int n0 = (n_first + i) * BN;
-      load_tile_sw128<BN, D, 128>(smem + L.k + s * L.k_stage, k + int64_t(n0) * k_stride, k_stride,
-                                  seg.len_kv - n0, ptid);
-      load_tile_sw128<BN, D, 128>(smem + L.v + s * L.v_stage, v + int64_t(n0) * v_stride, v_stride,
-                                  seg.len_kv - n0, ptid);
-      portable::cp_async_commit();
-      portable::cp_async_wait<1>();  // Q (i = 0) or tile i - 1 has landed
-      fence_proxy_async_smem();
-      mbar_arrive(i == 0 ? q_full : &full[(i - 1) % STAGES]);
+      unsigned char* k_dst = smem + L.k + s * L.k_stage;
+      unsigned char* v_dst = smem + L.v + s * L.v_stage;
+      const bool whole = seg.len_kv - n0 >= BN;
+      if (whole) {
+        if (ptid == 0) {
+          mbar_expect_tx(&full[s], uint32_t(L.k_stage + L.v_stage));
+          const int row = int(seg.kv_row0 + n0);
+#pragma unroll
+          for (int panel = 0; panel < D / 64; ++panel) {
+            tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row,
+                        &full[s]);
+            tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row,
+                        &full[s]);
+          }
+        }
+      } else {
+        load_tile_sw128<BN, D, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
+                                    ptid);
+        load_tile_sw128<BN, D, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
+                                    ptid);
+        portable::cp_async_commit();
+      }
+      if (i == 0 || !whole) {
+        portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
+        fence_proxy_async_smem();
+      }
+      if (i == 0) mbar_arrive(q_full);
+      mbar_arrive(&full[s]);
     }
-    portable::cp_async_wait<0>();
-    fence_proxy_async_smem();
-    mbar_arrive(&full[(n_tiles - 1) % STAGES]);
     return;
   }
 
