@@ -5,14 +5,15 @@
 // CTA-wide barrier in the loop).
 //
 // Per key tile n (128 keys), in a consumer:
-//   S = Q K_n^T      8 x wgmma m64n128k16, both operands from shared memory (K-major)
-//   online softmax   on the S registers (same fragment layout as mma.sync: the masking and the
-//                    row statistics are the portable kernel's)
-//   O += P V_n       P re-packed in registers as the A operand; 8 x wgmma m64n128k16 with V
-//                    read N-major (transposed) from shared memory
-// The two consumers share the tensor cores without a fixed schedule: measured on the H200,
-// issuing P V_{n-1} together with S_n (with or without turn-taking between the consumers through
-// named barriers) was 12-14% slower than this plain order (docs/PERFORMANCE.md).
+//   S_n = Q K_n^T        8 x wgmma m64n128k16, both operands from shared memory (K-major),
+//                        issued together with P_{n-1} V_{n-1}
+//   online softmax       on the S_n registers while P_{n-1} V_{n-1} still runs on the tensor cores
+//                        (same fragment layout as mma.sync: the masking and the row statistics
+//                        are the portable kernel's); O's rescale is deferred until that product
+//                        has landed
+//   P_n packed           in registers as the A operand of P_n V_n (issued with S_{n+1}); V read
+//                        N-major (transposed) from shared memory
+// One score tile is live at a time (FlashAttention-3's intra-warpgroup overlap).
 // The CTA tile map, the tile order (heaviest causal tiles first), the mask band and the outputs
 // are the portable forward's; only the matrix products and the shared-memory layout differ.
 #pragma once
@@ -183,7 +184,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     pin(sc);
     pin(acc_o);
   };
-  // Scale, mask, online softmax of S_i (rescaling O); P_i into `a`.
+  // Scale, mask, online softmax of S_i: P_i in place of the scores, the row statistics updated,
+  // and alpha, the factor O must be rescaled by before P_i V_i is added (applied by the caller:
+  // O may still be in flight in P_{i-1} V_{i-1} meanwhile).
+  float alpha[2];
   auto softmax = [&](int i) {
     const int n0 = (n_first + i) * BN;
     if (p.softcap > 0.f) {
@@ -220,7 +224,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
       mx = portable::quad_max(mx);
       const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-      const float alpha = portable::fast_exp2(row_max[half] - base);
+      alpha[half] = portable::fast_exp2(row_max[half] - base);
       row_max[half] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -231,13 +235,17 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
           sc[f][2 * half + e] = pr;
           sum += pr;
         }
-      row_sum[half] = row_sum[half] * alpha + sum;
+      row_sum[half] = row_sum[half] * alpha[half] + sum;
+    }
+  };
+  auto rescale_and_pack = [&]() {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int f = 0; f < OF; ++f) {
-        acc_o[f][2 * half] *= alpha;
-        acc_o[f][2 * half + 1] *= alpha;
+        acc_o[f][2 * half] *= alpha[half];
+        acc_o[f][2 * half + 1] *= alpha[half];
       }
-    }
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
       a[kc][0] = Mma::pack(sc[2 * kc][0], sc[2 * kc][1]);
@@ -246,21 +254,39 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       a[kc][3] = Mma::pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
     }
   };
+  // Tile 0's scores and softmax; then per tile i >= 1: S_i and P_{i-1} V_{i-1} issued together,
+  // the softmax of S_i while P_{i-1} V_{i-1} still runs on the tensor cores, then O rescaled and
+  // P_i packed once it has landed. One score tile is live at a time.
   mbar_wait(q_full, 0);
-  for (int i = 0; i < n_tiles; ++i) {
-    const int stage = i % STAGES;
+  mbar_wait(&full[0], 0);
+  wgmma_fence();
+  issue_s(0);
+  wgmma_commit();
+  wait_products();
+  softmax(0);
+  rescale_and_pack();
+  for (int i = 1; i < n_tiles; ++i) {
+    const int stage = i % STAGES, prev = (i - 1) % STAGES;
     mbar_wait(&full[stage], (i / STAGES) & 1);
     wgmma_fence();
     issue_s(stage);
     wgmma_commit();
-    wait_products();
-    softmax(i);
-    wgmma_fence();
-    issue_pv(stage);
+    issue_pv(prev);
     wgmma_commit();
-    wait_products();
-    mbar_arrive(&empty[stage]);  // this thread's reads of the stage are complete
+    wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
+    pin(sc);
+    softmax(i);
+    wgmma_wait<0>();
+    pin(acc_o);
+    mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
+    rescale_and_pack();
   }
+  wgmma_fence();
+  issue_pv((n_tiles - 1) % STAGES);
+  wgmma_commit();
+  wgmma_wait<0>();
+  pin(acc_o);
+  mbar_arrive(&empty[(n_tiles - 1) % STAGES]);
 
   // Epilogue: normalize and write this thread's O elements; LSE in natural log.
 #pragma unroll
