@@ -1,8 +1,8 @@
 // Forward kernel of the Hopper path (sm_90a): one CTA per (query tile of a segment, query head).
 // Warp-specialized: a producer warpgroup copies Q (cp.async) and the K/V tiles (TMA inside a
 // segment) into shared memory, a three-stage ring handed over with mbarriers; two consumer
-// warpgroups of 64 query rows each run wgmma with register accumulators, each at its own pace (no
-// CTA-wide barrier in the loop).
+// warpgroups of 64 query rows each run wgmma with register accumulators, taking turns to issue
+// their products (ping-pong: one's softmax overlaps the other's products).
 //
 // Per key tile n (128 keys), in a consumer:
 //   S_n = Q K_n^T        8 x wgmma m64n128k16, both operands from shared memory (K-major),
@@ -13,7 +13,8 @@
 //                        has landed
 //   P_n packed           in registers as the A operand of P_n V_n (issued with S_{n+1}); V read
 //                        N-major (transposed) from shared memory
-// One score tile is live at a time (FlashAttention-3's intra-warpgroup overlap).
+// One score tile is live at a time (FlashAttention-3's intra-warpgroup overlap, here with its
+// inter-warpgroup ping-pong).
 // The CTA tile map, the tile order (heaviest causal tiles first), the mask band and the outputs
 // are the portable forward's; only the matrix products and the shared-memory layout differ.
 #pragma once
@@ -257,22 +258,49 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // Tile 0's scores and softmax; then per tile i >= 1: S_i and P_{i-1} V_{i-1} issued together,
   // the softmax of S_i while P_{i-1} V_{i-1} still runs on the tensor cores, then O rescaled and
   // P_i packed once it has landed. One score tile is live at a time.
+  // Ping-pong between the two consumers (FlashAttention-3's inter-warpgroup schedule): a
+  // consumer issues its products only in its turn (barrier 2 + its index, completed by the other
+  // consumer's arrival) and hands the turn over right after issuing, so one consumer's softmax
+  // runs while the other's products occupy the tensor cores. Each consumer has n_tiles + 1 issue
+  // phases (S_0; S_i with P_{i-1} V_{i-1}; the last P V), so the turns stay paired, and consumer
+  // 1 does not pass on its last turn (no barrier is left half-arrived when the CTA exits).
+  static_assert(kFwd.consumers == 2, "the ping-pong pairs two consumers");
+  auto my_turn = [&]() {
+    if (cw == 0) {
+      named_barrier_sync(2, 256);
+    } else {
+      named_barrier_sync(3, 256);
+    }
+  };
+  auto pass_turn = [&]() {
+    if (cw == 0) {
+      named_barrier_arrive(3, 256);
+    } else {
+      named_barrier_arrive(2, 256);
+    }
+  };
+  if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
+
   mbar_wait(q_full, 0);
   mbar_wait(&full[0], 0);
+  my_turn();
   wgmma_fence();
   issue_s(0);
   wgmma_commit();
+  pass_turn();
   wait_products();
   softmax(0);
   rescale_and_pack();
   for (int i = 1; i < n_tiles; ++i) {
     const int stage = i % STAGES, prev = (i - 1) % STAGES;
     mbar_wait(&full[stage], (i / STAGES) & 1);
+    my_turn();
     wgmma_fence();
     issue_s(stage);
     wgmma_commit();
     issue_pv(prev);
     wgmma_commit();
+    pass_turn();
     wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
     pin(sc);
     softmax(i);
@@ -281,9 +309,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
     rescale_and_pack();
   }
+  my_turn();
   wgmma_fence();
   issue_pv((n_tiles - 1) % STAGES);
   wgmma_commit();
+  if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
   wgmma_wait<0>();
   pin(acc_o);
   mbar_arrive(&empty[(n_tiles - 1) % STAGES]);
