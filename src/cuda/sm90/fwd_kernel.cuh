@@ -1,17 +1,21 @@
 // Forward kernel of the Hopper path (sm_90a): one CTA per (query tile of a segment, query head).
-// Warp-specialized: a producer warpgroup copies Q and the K/V tiles into shared memory (cp.async,
-// a three-stage ring handed over with mbarriers); two consumer warpgroups of 64 query rows each run
-// wgmma with register accumulators, each at its own pace (no CTA-wide barrier in the loop).
+// Warp-specialized: a producer warpgroup copies Q (cp.async) and the K/V tiles (TMA inside a
+// segment) into shared memory, a ring of K/V stages handed over with mbarriers; two consumer
+// warpgroups of 64 query rows each run wgmma with register accumulators, taking turns to issue
+// their products (ping-pong: one's softmax overlaps the other's products).
 //
-// Per key tile n (128 keys), in a consumer:
-//   S = Q K_n^T      8 x wgmma m64n128k16, both operands from shared memory (K-major)
-//   online softmax   on the S registers (same fragment layout as mma.sync: the masking and the
-//                    row statistics are the portable kernel's)
-//   O += P V_n       P re-packed in registers as the A operand; 8 x wgmma m64n128k16 with V
-//                    read N-major (transposed) from shared memory
-// The two consumers share the tensor cores without a fixed schedule: measured on the H200,
-// issuing P V_{n-1} together with S_n (with or without turn-taking between the consumers through
-// named barriers) was 12-14% slower than this plain order (docs/PERFORMANCE.md).
+// The tiles and stages per head dims are config.hpp's fwd_config (D = 64, 128, 256, 192/128).
+// Per key tile n (128 keys at D = 128), in a consumer:
+//   S_n = Q K_n^T        Dqk/16 x wgmma m64n(block_n)k16, both operands from shared memory (K-major),
+//                        issued together with P_{n-1} V_{n-1}
+//   online softmax       on the S_n registers while P_{n-1} V_{n-1} still runs on the tensor cores
+//                        (same fragment layout as mma.sync: the masking and the row statistics
+//                        are the portable kernel's); O's rescale is deferred until that product
+//                        has landed
+//   P_n packed           in registers as the A operand of P_n V_n (issued with S_{n+1}); V read
+//                        N-major (transposed) from shared memory
+// One score tile is live at a time (FlashAttention-3's intra-warpgroup overlap, here with its
+// inter-warpgroup ping-pong).
 // The CTA tile map, the tile order (heaviest causal tiles first), the mask band and the outputs
 // are the portable forward's; only the matrix products and the shared-memory layout differ.
 #pragma once
@@ -29,8 +33,17 @@ namespace sm90 {
 
 using portable::FwdParams;
 
+// The kernel's parameters: the shared forward parameters and the TMA maps of K and V (boxes of
+// block_n rows, tensor_map.hpp).
+struct FwdTmaParams {
+  FwdParams p;
+  CUtensorMap k_map, v_map;
+};
+
 template <class T, int DQK, int DV>
-__global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdTmaParams args) {
+  const FwdParams& p = args.p;
   constexpr FwdConfig C = fwd_config(DQK, DV);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
   constexpr int NF = BN / 8;  // n8 fragments of a score row block
@@ -82,9 +95,12 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    // ---- Producer: Q once, then K/V tile i into stage i % STAGES once both consumers freed it.
-    // Each thread makes its own copies visible (wait, proxy fence) before arriving, one tile
-    // behind the copies it issues, so two tiles are in flight.
+    // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
+    // freed it. A tile inside its segment comes by TMA (thread 0 issues one box per 64-column
+    // panel of each tensor, completing on the stage's barrier); a segment's partial last tile by cp.async with zero fill
+    // (V rows past a segment may hold anything, NaN included, and P V would carry it into O).
+    // Every thread arrives once its own copies have landed and are visible to the async proxy, so
+    // a stage's barrier completes when all 128 threads and the TMA bytes are in.
     regs_dealloc<C.producer_regs>();
     const int ptid = tid;
     const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
@@ -97,18 +113,36 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       const int s = i % STAGES;
       if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
       const int n0 = (n_first + i) * BN;
-      load_tile_sw128<BN, DQK, 128>(smem + L.k + s * L.k_stage, k + int64_t(n0) * k_stride,
-                                    k_stride, seg.len_kv - n0, ptid);
-      load_tile_sw128<BN, DV, 128>(smem + L.v + s * L.v_stage, v + int64_t(n0) * v_stride, v_stride,
-                                   seg.len_kv - n0, ptid);
-      portable::cp_async_commit();
-      portable::cp_async_wait<1>();  // Q (i = 0) or tile i - 1 has landed
-      fence_proxy_async_smem();
-      mbar_arrive(i == 0 ? q_full : &full[(i - 1) % STAGES]);
+      unsigned char* k_dst = smem + L.k + s * L.k_stage;
+      unsigned char* v_dst = smem + L.v + s * L.v_stage;
+      const bool whole = seg.len_kv - n0 >= BN;
+      if (whole) {
+        if (ptid == 0) {
+          mbar_expect_tx(&full[s], uint32_t(L.k_stage + L.v_stage));
+          const int row = int(seg.kv_row0 + n0);
+#pragma unroll
+          for (int panel = 0; panel < DQK / 64; ++panel)
+            tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row,
+                        &full[s]);
+#pragma unroll
+          for (int panel = 0; panel < DV / 64; ++panel)
+            tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row,
+                        &full[s]);
+        }
+      } else {
+        load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
+                                    ptid);
+        load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
+                                    ptid);
+        portable::cp_async_commit();
+      }
+      if (i == 0 || !whole) {
+        portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
+        fence_proxy_async_smem();
+      }
+      if (i == 0) mbar_arrive(q_full);
+      mbar_arrive(&full[s]);
     }
-    portable::cp_async_wait<0>();
-    fence_proxy_async_smem();
-    mbar_arrive(&full[(n_tiles - 1) % STAGES]);
     return;
   }
 
@@ -171,7 +205,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     pin(sc);
     pin(acc_o);
   };
-  // Scale, mask, online softmax of S_i (rescaling O); P_i into `a`.
+  // Scale, mask, online softmax of S_i: P_i in place of the scores, the row statistics updated,
+  // and alpha, the factor O must be rescaled by before P_i V_i is added (applied by the caller:
+  // O may still be in flight in P_{i-1} V_{i-1} meanwhile).
+  float alpha[2];
   auto softmax = [&](int i) {
     const int n0 = (n_first + i) * BN;
     if (p.softcap > 0.f) {
@@ -208,7 +245,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
       mx = portable::quad_max(mx);
       const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-      const float alpha = portable::fast_exp2(row_max[half] - base);
+      alpha[half] = portable::fast_exp2(row_max[half] - base);
       row_max[half] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -219,13 +256,17 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
           sc[f][2 * half + e] = pr;
           sum += pr;
         }
-      row_sum[half] = row_sum[half] * alpha + sum;
+      row_sum[half] = row_sum[half] * alpha[half] + sum;
+    }
+  };
+  auto rescale_and_pack = [&]() {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int f = 0; f < OF; ++f) {
-        acc_o[f][2 * half] *= alpha;
-        acc_o[f][2 * half + 1] *= alpha;
+        acc_o[f][2 * half] *= alpha[half];
+        acc_o[f][2 * half + 1] *= alpha[half];
       }
-    }
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
       a[kc][0] = Mma::pack(sc[2 * kc][0], sc[2 * kc][1]);
@@ -234,21 +275,68 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       a[kc][3] = Mma::pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
     }
   };
+  // Tile 0's scores and softmax; then per tile i >= 1: S_i and P_{i-1} V_{i-1} issued together,
+  // the softmax of S_i while P_{i-1} V_{i-1} still runs on the tensor cores, then O rescaled and
+  // P_i packed once it has landed. One score tile is live at a time.
+  // Ping-pong between the two consumers (FlashAttention-3's inter-warpgroup schedule): a
+  // consumer issues its products only in its turn (barrier 2 + its index, completed by the other
+  // consumer's arrival) and hands the turn over right after issuing, so one consumer's softmax
+  // runs while the other's products occupy the tensor cores. Each consumer has n_tiles + 1 issue
+  // phases (S_0; S_i with P_{i-1} V_{i-1}; the last P V), so the turns stay paired, and consumer
+  // 1 does not pass on its last turn (no barrier is left half-arrived when the CTA exits).
+  static_assert(C.consumers == 2, "the ping-pong pairs two consumers");
+  auto my_turn = [&]() {
+    if (cw == 0) {
+      named_barrier_sync(2, 256);
+    } else {
+      named_barrier_sync(3, 256);
+    }
+  };
+  auto pass_turn = [&]() {
+    if (cw == 0) {
+      named_barrier_arrive(3, 256);
+    } else {
+      named_barrier_arrive(2, 256);
+    }
+  };
+  if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
+
   mbar_wait(q_full, 0);
-  for (int i = 0; i < n_tiles; ++i) {
-    const int stage = i % STAGES;
+  mbar_wait(&full[0], 0);
+  my_turn();
+  wgmma_fence();
+  issue_s(0);
+  wgmma_commit();
+  pass_turn();
+  wait_products();
+  softmax(0);
+  rescale_and_pack();
+  for (int i = 1; i < n_tiles; ++i) {
+    const int stage = i % STAGES, prev = (i - 1) % STAGES;
     mbar_wait(&full[stage], (i / STAGES) & 1);
+    my_turn();
     wgmma_fence();
     issue_s(stage);
     wgmma_commit();
-    wait_products();
-    softmax(i);
-    wgmma_fence();
-    issue_pv(stage);
+    issue_pv(prev);
     wgmma_commit();
-    wait_products();
-    mbar_arrive(&empty[stage]);  // this thread's reads of the stage are complete
+    pass_turn();
+    wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
+    pin(sc);
+    softmax(i);
+    wgmma_wait<0>();
+    pin(acc_o);
+    mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
+    rescale_and_pack();
   }
+  my_turn();
+  wgmma_fence();
+  issue_pv((n_tiles - 1) % STAGES);
+  wgmma_commit();
+  if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
+  wgmma_wait<0>();
+  pin(acc_o);
+  mbar_arrive(&empty[(n_tiles - 1) % STAGES]);
 
   // Epilogue: normalize and write this thread's O elements; LSE in natural log.
 #pragma unroll

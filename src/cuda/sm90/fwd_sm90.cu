@@ -7,6 +7,7 @@
 #include "cuda/backend.hpp"
 #include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/sm90/tensor_map.hpp"
 
 namespace raggedattn {
 namespace cuda {
@@ -14,17 +15,17 @@ namespace {
 
 // The instantiations: bf16 and fp16 at head dims 64, 128, 192/128 and 256 (sm90::fwd_supports).
 template <class T>
-cudaError_t launch(const portable::FwdParams& p, const PlanData& d, cudaStream_t s) {
+cudaError_t launch(const sm90::FwdTmaParams& a, const PlanData& d, cudaStream_t s) {
   const int hq = d.problem.num_heads_q;
   switch (d.problem.head_dim_qk) {
     case 64:
-      return launch_kernel(sm90::fwd_kernel<T, 64, 64>, d.fwd, hq, p, s);
+      return launch_kernel(sm90::fwd_kernel<T, 64, 64>, d.fwd, hq, a, s);
     case 192:
-      return launch_kernel(sm90::fwd_kernel<T, 192, 128>, d.fwd, hq, p, s);
+      return launch_kernel(sm90::fwd_kernel<T, 192, 128>, d.fwd, hq, a, s);
     case 256:
-      return launch_kernel(sm90::fwd_kernel<T, 256, 256>, d.fwd, hq, p, s);
+      return launch_kernel(sm90::fwd_kernel<T, 256, 256>, d.fwd, hq, a, s);
     default:
-      return launch_kernel(sm90::fwd_kernel<T, 128, 128>, d.fwd, hq, p, s);
+      return launch_kernel(sm90::fwd_kernel<T, 128, 128>, d.fwd, hq, a, s);
   }
 }
 
@@ -38,10 +39,17 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* /*workspace*/,
                          "the Hopper forward has no kernel for head_dim_qk=", pr.head_dim_qk,
                          ", head_dim_v=", pr.head_dim_v);
   }
-  const portable::FwdParams p = portable::make_fwd_params(d, t);
+  sm90::FwdTmaParams a{};
+  a.p = portable::make_fwd_params(d, t);
+  const CUtensorMapDataType type = pr.dtype == RATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, type, t.k, d.k(), pr.num_heads_kv,
+                                     pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, type, t.v, d.v(), pr.num_heads_kv,
+                                     pr.total_kv, pr.head_dim_v, d.fwd.block_n));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const cudaError_t e =
-      pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(p, d, s) : launch<__half>(p, d, s);
+      pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(a, d, s) : launch<__half>(a, d, s);
   if (e == cudaSuccess) return Status::Ok();
   return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: forward (sm90): ", cudaGetErrorName(e), ": ",
                                           cudaGetErrorString(e)));

@@ -106,6 +106,10 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// Arrives at barrier `id` without waiting (the other `count` - 32k threads sync on it).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 // Bulk reduce-add of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory
 // into global memory, element-wise atomic, in the bulk-async group of the issuing thread.
