@@ -90,7 +90,7 @@ struct BwdConfig {
   int stages;                        // Q / dO ring depth
   int producer_regs, consumer_regs;  // registers per thread after reallocation
 };
-constexpr BwdConfig kBwd{64, 128, 2, 2, 32, 232};
+constexpr BwdConfig kBwd{64, 128, 2, 3, 32, 232};
 constexpr int kBwdThreads = (kBwd.consumers + 1) * 128;
 static_assert(kBwd.block_n == 64 * kBwd.consumers, "one wgmma M of keys per consumer warpgroup");
 static_assert(128 * kBwd.producer_regs + 128 * kBwd.consumers * kBwd.consumer_regs <=
