@@ -15,9 +15,9 @@ namespace raggedattn {
 namespace cuda {
 namespace {
 
-// The TMA maps of Q and dO, made before the launch sequence (run_backward's context).
+// The TMA maps of Q, dO, K and V, made before the launch sequence (run_backward's context).
 struct BwdMaps {
-  CUtensorMap q, d_o;
+  CUtensorMap q, d_o, k, v;
 };
 
 template <class T>
@@ -27,6 +27,8 @@ cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d, const 
   a.p = p;
   a.q_map = maps.q;
   a.do_map = maps.d_o;
+  a.k_map = maps.k;
+  a.v_map = maps.v;
   return launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, d.problem.num_heads_kv, a, s);
 }
 
@@ -55,6 +57,10 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
                                      pr.total_q, pr.head_dim_qk, d.bwd.block_m));
   RATTN_RETURN_IF_ERROR(make_thd_map("backward", "d_o", &maps.d_o, type, t.d_o, d.d_o(),
                                      pr.num_heads_q, pr.total_q, pr.head_dim_v, d.bwd.block_m));
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "k", &maps.k, type, t.k, d.k(), pr.num_heads_kv,
+                                     pr.total_kv, pr.head_dim_qk, d.bwd.block_n));
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "v", &maps.v, type, t.v, d.v(), pr.num_heads_kv,
+                                     pr.total_kv, pr.head_dim_v, d.bwd.block_n));
   return run_backward(d, t, workspace, stream, &launch, &maps);
 }
 
