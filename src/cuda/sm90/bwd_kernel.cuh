@@ -32,11 +32,11 @@ namespace sm90 {
 
 using portable::BwdParams;
 
-// The kernel's parameters: the shared backward parameters and the TMA maps of Q and dO (boxes of
-// block_m rows, tensor_map.hpp).
+// The kernel's parameters: the shared backward parameters and the TMA maps (tensor_map.hpp).
 struct BwdTmaParams {
   BwdParams p;
-  CUtensorMap q_map, do_map;
+  CUtensorMap q_map, do_map;  // boxes of block_m rows
+  CUtensorMap k_map, v_map;   // boxes of block_n rows
 };
 
 template <class T, int D>
@@ -91,19 +91,33 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     regs_dealloc<kBwd.producer_regs>();
     const int warp = tid / 32;
     if (warp == 0) {
-      // ---- Loads: K/V once (cp.async), then stage `it` into buffer it % STAGES once both
-      // consumers freed it. A Q/dO tile inside its segment comes by TMA (lane 0 issues two boxes
-      // per tensor, completing on the stage's barrier); a segment's last, partial tile by cp.async
-      // with zero fill (rows past the segment may hold anything, NaN included, and P^T dO and
-      // dS^T Q would carry it into dV and dK). LSE and dot(dO, O) always by cp.async. Each lane
+      // ---- Loads: K/V once (TMA for a whole key tile), then stage `it` into buffer it % STAGES
+      // once both consumers freed it. A Q/dO tile inside its segment comes by TMA (lane 0 issues
+      // two boxes per tensor, completing on the stage's barrier); a segment's last, partial tile by
+      // cp.async with zero fill (rows past the segment may hold anything, NaN included, and P^T dO
+      // and dS^T Q would carry it into dV and dK). LSE and dot(dO, O) always by cp.async. Each lane
       // waits for its own copies, makes them visible to the async proxy and arrives, so a stage's
       // barrier completes when all 32 lanes and the TMA bytes are in.
       if (n_it == 0) return;
       const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0 + n0, hk);
       const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
-      load_tile_sw128<BN, D, 32, 1>(smem + L.k, k, p.k_layout.token_stride, keys, lane);
-      load_tile_sw128<BN, D, 32, 1>(smem + L.v, v, p.v_layout.token_stride, keys, lane);
-      portable::cp_async_commit();
+      if (keys == BN) {  // a whole key tile: TMA, completing on kv_full
+        if (lane == 0) {
+          mbar_expect_tx(kv_full, uint32_t(2 * tile_bytes(BN, D)));
+          const int row = int(seg.kv_row0 + n0);
+#pragma unroll
+          for (int panel = 0; panel < D / PANEL; ++panel) {
+            tma_load_3d(smem + L.k + panel * BN * kSwizzleBytes, &a.k_map, panel * PANEL, hk, row,
+                        kv_full);
+            tma_load_3d(smem + L.v + panel * BN * kSwizzleBytes, &a.v_map, panel * PANEL, hk, row,
+                        kv_full);
+          }
+        }
+      } else {  // a segment's last, partial key tile: zero fill past it
+        load_tile_sw128<BN, D, 32, 1>(smem + L.k, k, p.k_layout.token_stride, keys, lane);
+        load_tile_sw128<BN, D, 32, 1>(smem + L.v, v, p.v_layout.token_stride, keys, lane);
+        portable::cp_async_commit();
+      }
       for (int it = 0; it < n_it; ++it) {
         const int s = it % STAGES;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
