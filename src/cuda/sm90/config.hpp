@@ -58,12 +58,12 @@ static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128,
 
 // The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
 // forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
-// (docs/PERFORMANCE.md, 2026-11-30): with documents of at most ~750 tokens (docs_short_32k) the
-// portable forward is faster (140 against 115 TFLOP/s: a CTA there runs one to six key tiles, and
-// the warp-specialized CTA's start-up is not amortized); with documents of 512 to 8192 tokens the
-// Hopper forward is (317 against 273). A forced cuda_sm90 runs every problem it supports on the
-// Hopper kernels in both directions.
-constexpr int kAutoMinSeqlenKv = 1024;
+// with the TMA ping-pong forward (docs/PERFORMANCE.md, 2026-11-30; 32k tokens of equal causal
+// documents, Hq 32 / Hkv 8, D 128, TFLOP/s portable against Hopper): 64 tokens 25 / 13, 128
+// 69 / 46, 256 120 / 101, 512 175 / 193, 768 204 / 261, 1024 224 / 317. Below 512 a CTA runs one
+// to four key tiles and the warp-specialized CTA's start-up is not amortized. A forced cuda_sm90
+// runs every problem it supports on the Hopper kernels in both directions.
+constexpr int kAutoMinSeqlenKv = 512;
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
