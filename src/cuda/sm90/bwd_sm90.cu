@@ -53,10 +53,10 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
                                      pr.total_q, pr.head_dim_qk, d.bwd.block_m));
   RATTN_RETURN_IF_ERROR(make_thd_map("backward", "d_o", &maps.do_map, type, t.d_o, d.d_o(),
                                      pr.num_heads_q, pr.total_q, pr.head_dim_v, d.bwd.block_m));
-  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "k", &maps.k_map, type, t.k, d.k(), pr.num_heads_kv,
-                                     pr.total_kv, pr.head_dim_qk, d.bwd.block_n));
-  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "v", &maps.v_map, type, t.v, d.v(), pr.num_heads_kv,
-                                     pr.total_kv, pr.head_dim_v, d.bwd.block_n));
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "k", &maps.k_map, type, t.k, d.k(),
+                                     pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.bwd.block_n));
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "v", &maps.v_map, type, t.v, d.v(),
+                                     pr.num_heads_kv, pr.total_kv, pr.head_dim_v, d.bwd.block_n));
   return run_backward(d, t, workspace, stream, &launch, &maps);
 }
 
