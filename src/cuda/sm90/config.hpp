@@ -27,13 +27,27 @@ RATTN_HD constexpr int register_pool(int threads) {
   return (65536 / threads) / 8 * 8 * threads;
 }
 
-struct FwdConfig {
+// A warp-specialized kernel's tiles, ring depth and register split: one producer warpgroup and
+// `consumers` consumer warpgroups of 128 threads. In the forward a CTA's block_m query rows (64
+// per consumer) meet K/V tiles of block_n keys; in the backward a CTA owns block_n keys (64 per
+// consumer) and streams block_m query rows per step.
+struct WsConfig {
   int block_m;
   int block_n;
-  int consumers;                     // consumer warpgroups (64 query rows each)
-  int stages;                        // K/V ring depth
+  int consumers;                     // consumer warpgroups
+  int stages;                        // the streamed operands' ring depth (K/V; Q/dO)
   int producer_regs, consumer_regs;  // registers per thread after reallocation
 };
+using FwdConfig = WsConfig;
+using BwdConfig = WsConfig;
+RATTN_HD constexpr int ws_threads(const WsConfig& c) {
+  return (c.consumers + 1) * 128;
+}
+// The warpgroups' registers after reallocation fit the CTA's pool.
+RATTN_HD constexpr bool fits_register_pool(const WsConfig& c) {
+  return 128 * c.producer_regs + 128 * c.consumers * c.consumer_regs <=
+         register_pool(ws_threads(c));
+}
 
 // Per head dims: 128 keys per K/V tile and three stages up to D = 128; two stages at Dqk = 192
 // (Dv = 128), where a stage's K tile is 48 KiB, and 56 producer registers (its 24 copies per
@@ -48,8 +62,7 @@ RATTN_HD constexpr FwdConfig fwd_config(int dqk, int /*dv*/) {
 constexpr int kFwdConsumers = 2;
 constexpr int kFwdThreads = (kFwdConsumers + 1) * 128;
 RATTN_HD constexpr bool fwd_config_ok(FwdConfig c) {
-  return c.consumers == kFwdConsumers && c.block_m == 64 * c.consumers &&
-         128 * c.producer_regs + 128 * c.consumers * c.consumer_regs <= register_pool(kFwdThreads);
+  return c.consumers == kFwdConsumers && c.block_m == 64 * c.consumers && fits_register_pool(c);
 }
 static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128, 128)) &&
                   fwd_config_ok(fwd_config(192, 128)) && fwd_config_ok(fwd_config(256, 256)),
@@ -83,18 +96,10 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 // warpgroup (warp 0 copies K/V once and the Q/dO/LSE/dot(dO,O) ring, Q and dO by TMA; warp 1 adds
 // each step's dQ tile into the scratch with one bulk reduce from shared memory) and two consumer
 // warpgroups of 64 keys each (the M of one wgmma) that never wait on global memory or atomics.
-struct BwdConfig {
-  int block_m;                       // queries per step
-  int block_n;                       // keys per CTA
-  int consumers;                     // consumer warpgroups
-  int stages;                        // Q / dO ring depth
-  int producer_regs, consumer_regs;  // registers per thread after reallocation
-};
 constexpr BwdConfig kBwd{64, 128, 2, 3, 32, 232};
-constexpr int kBwdThreads = (kBwd.consumers + 1) * 128;
+constexpr int kBwdThreads = ws_threads(kBwd);
 static_assert(kBwd.block_n == 64 * kBwd.consumers, "one wgmma M of keys per consumer warpgroup");
-static_assert(128 * kBwd.producer_regs + 128 * kBwd.consumers * kBwd.consumer_regs <=
-                  register_pool(kBwdThreads),
+static_assert(fits_register_pool(kBwd),
               "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The head dims the Hopper backward is built for.
