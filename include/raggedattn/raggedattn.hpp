@@ -63,6 +63,9 @@ class Plan {
   const Problem& problem() const;  // with defaults resolved (strides, scale)
   Path path() const;
   size_t workspace_bytes(Direction dir) const;
+  // The element type dQ accumulates in on this plan's path (the backward's scratch): fp32, or
+  // the input's own 16-bit type.
+  rattn_dtype dq_accum_dtype() const;
   std::string describe() const;
   const PlanData& data() const { return *data_; }
 

@@ -294,6 +294,18 @@ Status make_plan(const Problem& problem, const DeviceCaps& caps, Plan* plan) {
 const Problem& Plan::problem() const {
   return data_->problem;
 }
+rattn_dtype Plan::dq_accum_dtype() const {
+  switch (data_->bwd_ws.dq_accum.type) {
+    case AccumType::BF16:
+      return RATTN_DTYPE_BF16;
+    case AccumType::F16:
+      return RATTN_DTYPE_FP16;
+    case AccumType::F32:
+      break;
+  }
+  return RATTN_DTYPE_FP32;
+}
+
 Path Plan::path() const {
   return data_->path;
 }

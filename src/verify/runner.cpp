@@ -178,17 +178,12 @@ Status run_reference(const CaseSpec& spec, const PackLayout& l, const HostInputs
   return Status::Ok();
 }
 
-// The precision dQ passes through on the plan's path: read from the plan, not re-derived.
+// The precision dQ passes through on the plan's path: read from the plan (through the library,
+// not the Plan's structs, so the verification code works over another build of the library),
+// not re-derived.
 rattn_dtype dq_precision(const Plan& plan) {
-  switch (plan.data().bwd_ws.dq_accum.type) {
-    case AccumType::BF16:
-      return RATTN_DTYPE_BF16;
-    case AccumType::F16:
-      return RATTN_DTYPE_FP16;
-    case AccumType::F32:
-      break;
-  }
-  return plan.problem().dtype;
+  const rattn_dtype t = plan.dq_accum_dtype();
+  return t == RATTN_DTYPE_FP32 ? plan.problem().dtype : t;
 }
 
 Status compute_reference(const CaseSpec& spec, const Plan& plan, const PackLayout& l,

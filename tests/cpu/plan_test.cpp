@@ -332,6 +332,10 @@ TEST(PlanWorkspace, DqAccumModeChangesTheLayoutInTheObjectTheSizeCameFrom) {
   ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &h16).ok());
   EXPECT_EQ(h16.data().bwd_ws.dq_accum.type, AccumType::F16);
   EXPECT_EQ(h16.data().bwd_ws.dq_accum.bytes(), b.dq_accum.bytes());
+  // The library's answer, for code outside it (the verification), agrees with the layout.
+  EXPECT_EQ(f32.dq_accum_dtype(), RATTN_DTYPE_FP32);
+  EXPECT_EQ(b16.dq_accum_dtype(), RATTN_DTYPE_BF16);
+  EXPECT_EQ(h16.dq_accum_dtype(), RATTN_DTYPE_FP16);
 }
 
 TEST(PlanWorkspace, CompactScratchIsNotBatchTimesMaxSeqlen) {
