@@ -46,16 +46,14 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
         ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n);
   }
-  const CUtensorMapDataType type = pr.dtype == RATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   sm90::BwdTmaParams maps{};
-  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q_map, type, t.q, d.q(), pr.num_heads_q,
-                                     pr.total_q, pr.head_dim_qk, d.bwd.block_m));
-  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "d_o", &maps.do_map, type, t.d_o, d.d_o(),
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q_map, pr.dtype, t.q, d.q(),
+                                     pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.bwd.block_m));
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "d_o", &maps.do_map, pr.dtype, t.d_o, d.d_o(),
                                      pr.num_heads_q, pr.total_q, pr.head_dim_v, d.bwd.block_m));
-  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "k", &maps.k_map, type, t.k, d.k(),
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "k", &maps.k_map, pr.dtype, t.k, d.k(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.bwd.block_n));
-  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "v", &maps.v_map, type, t.v, d.v(),
+  RATTN_RETURN_IF_ERROR(make_thd_map("backward", "v", &maps.v_map, pr.dtype, t.v, d.v(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_v, d.bwd.block_n));
   return run_backward(d, t, workspace, stream, &launch, &maps);
 }

@@ -41,12 +41,10 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* /*workspace*/,
   }
   sm90::FwdTmaParams a{};
   a.p = portable::make_fwd_params(d, t);
-  const CUtensorMapDataType type = pr.dtype == RATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, type, t.k, d.k(), pr.num_heads_kv,
-                                     pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
-  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, type, t.v, d.v(), pr.num_heads_kv,
-                                     pr.total_kv, pr.head_dim_v, d.fwd.block_n));
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, pr.dtype, t.k, d.k(),
+                                     pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, pr.dtype, t.v, d.v(),
+                                     pr.num_heads_kv, pr.total_kv, pr.head_dim_v, d.fwd.block_n));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const cudaError_t e =
       pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(a, d, s) : launch<__half>(a, d, s);

@@ -16,10 +16,13 @@ namespace raggedattn {
 namespace cuda {
 
 // The driver's encoder, found once through the runtime (the library does not link libcuda).
-// `where` (forward, backward) and `name` name the call and the tensor in the error.
-inline Status make_thd_map(const char* where, const char* name, CUtensorMap* map,
-                           CUtensorMapDataType type, const void* base, const TensorLayout& layout,
-                           int heads, int64_t rows, int dim, int box_rows) {
+// `where` (forward, backward) and `name` name the call and the tensor in the error; `dtype` is the
+// problem's 16-bit type (the Hopper path takes no other).
+inline Status make_thd_map(const char* where, const char* name, CUtensorMap* map, rattn_dtype dtype,
+                           const void* base, const TensorLayout& layout, int heads, int64_t rows,
+                           int dim, int box_rows) {
+  const CUtensorMapDataType type = dtype == RATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   using Encode =
       CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
