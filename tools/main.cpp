@@ -263,9 +263,9 @@ int cmd_check(const Options& o) {
     c.deterministic = o.spec.deterministic;
     c.backend = o.spec.backend;
   }
-  // The whole suite on a path that takes only some shapes (cuda_sm90: head dims 64 and 128): the
-  // configurations whose head dims it lacks are listed as skipped, with the library's reason, and
-  // the rest run.
+  // The whole suite on a path that takes only some shapes (cuda_sm90: the head dims it has a
+  // kernel for in either direction): the configurations whose head dims it lacks are listed as
+  // skipped, with the library's reason, and the rest run.
   // One named config, or a path that takes every shape, still fails on a rejection.
   std::vector<std::string> skipped;
   if (o.config.empty() && o.random == 0 && o.spec.backend == RATTN_BACKEND_CUDA_SM90) {

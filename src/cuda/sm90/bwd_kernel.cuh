@@ -93,11 +93,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if (warp == 0) {
       // ---- Loads: K/V once (TMA for a whole key tile), then stage `it` into buffer it % STAGES
       // once both consumers freed it. A Q/dO tile inside its segment comes by TMA (lane 0 issues
-      // two boxes per tensor, completing on the stage's barrier); a segment's last, partial tile by
-      // cp.async with zero fill (rows past the segment may hold anything, NaN included, and P^T dO
-      // and dS^T Q would carry it into dV and dK). LSE and dot(dO, O) always by cp.async. Each lane
-      // waits for its own copies, makes them visible to the async proxy and arrives, so a stage's
-      // barrier completes when all 32 lanes and the TMA bytes are in.
+      // one box per 64-column panel, completing on the stage's barrier); a segment's last, partial
+      // tile by cp.async with zero fill (rows past the segment may hold anything, NaN included, and
+      // P^T dO and dS^T Q would carry it into dV and dK). LSE and dot(dO, O) always by cp.async.
+      // Each lane waits for its own copies, makes them visible to the async proxy and arrives, so a
+      // stage's barrier completes when all 32 lanes and the TMA bytes are in.
       if (n_it == 0) return;
       const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0 + n0, hk);
       const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
