@@ -59,11 +59,12 @@ RATTN_HD constexpr FwdConfig fwd_config(int dqk, int /*dv*/) {
          : dqk == 192 ? FwdConfig{128, 128, 2, 2, 56, 224}
                       : FwdConfig{128, 128, 2, 3, 40, 232};
 }
+// Every head dims' config has the same warpgroups (fwd_config_ok), so one thread count.
 constexpr int kFwdConsumers = 2;
-constexpr int kFwdThreads = (kFwdConsumers + 1) * 128;
 RATTN_HD constexpr bool fwd_config_ok(FwdConfig c) {
   return c.consumers == kFwdConsumers && c.block_m == 64 * c.consumers && fits_register_pool(c);
 }
+constexpr int kFwdThreads = ws_threads(fwd_config(128, 128));
 static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128, 128)) &&
                   fwd_config_ok(fwd_config(192, 128)) && fwd_config_ok(fwd_config(256, 256)),
               "one wgmma M per consumer warpgroup, and the warpgroups' registers after "
