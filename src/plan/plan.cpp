@@ -134,8 +134,7 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   if (p.dtype == RATTN_DTYPE_FP32) {
     return "the Hopper path takes bf16 or fp16 (fp32 runs on backend cpu)";
   }
-  if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v) &&
-      !sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
+  if (!sm90::path_supports(p.head_dim_qk, p.head_dim_v)) {
     return str_cat(
         "the Hopper path has kernels for head dims 64/64 and 128/128 (and 192/128, "
         "256/256 forward); given head_dim_qk=",

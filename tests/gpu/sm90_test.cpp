@@ -29,7 +29,7 @@ std::vector<SuiteParam> suite_params() {
        {"fp16_dq_fp16", RATTN_DTYPE_FP16, RATTN_DQ_ACCUM_BF16, false},
        {"bf16_deterministic", RATTN_DTYPE_BF16, RATTN_DQ_ACCUM_FP32, true}},
       [](const CaseSpec& c) {  // the configurations with a Hopper kernel in some direction
-        return sm90::fwd_supports(c.dqk, c.dv) || sm90::bwd_supports(c.dqk, c.dv);
+        return sm90::path_supports(c.dqk, c.dv);
       });
 }
 

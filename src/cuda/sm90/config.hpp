@@ -108,6 +108,12 @@ RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
   return dqk == dv && (dqk == 64 || dqk == 128);
 }
 
+// The head dims the Hopper path takes: a Hopper kernel in either direction (the other direction
+// runs the portable kernel). The Plan's refusal, `check`'s skip list and the GPU suites ask this.
+RATTN_HD constexpr bool path_supports(int dqk, int dv) {
+  return fwd_supports(dqk, dv) || bwd_supports(dqk, dv);
+}
+
 struct FwdSmem {
   size_t q, k, v;  // byte offsets from the 1024-aligned base
   size_t k_stage, v_stage;

@@ -6,8 +6,8 @@
 //
 // The tiles and stages per head dims are config.hpp's fwd_config (D = 64, 128, 256, 192/128).
 // Per key tile n (128 keys at D = 128), in a consumer:
-//   S_n = Q K_n^T        Dqk/16 x wgmma m64n(block_n)k16, both operands from shared memory (K-major),
-//                        issued together with P_{n-1} V_{n-1}
+//   S_n = Q K_n^T        Dqk/16 x wgmma m64n(block_n)k16, both operands from shared memory
+//                        (K-major), issued together with P_{n-1} V_{n-1}
 //   online softmax       on the S_n registers while P_{n-1} V_{n-1} still runs on the tensor cores
 //                        (same fragment layout as mma.sync: the masking and the row statistics
 //                        are the portable kernel's); O's rescale is deferred until that product
@@ -55,6 +55,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   using Mma = portable::MmaType<T>;
 
   extern __shared__ unsigned char smem_raw[];
+  // The integer round trip, not aligned_smem (hopper.cuh): the forward reaches its tiles by TMA,
+  // ldmatrix, wgmma descriptors and 32-bit addresses, so it has no generic access to remove, and
+  // with aligned_smem it measured 2-3% slower in two A/B runs on the H200 (PERFORMANCE.md item 21).
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
@@ -97,8 +100,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   if (wg == 0) {
     // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
     // freed it. A tile inside its segment comes by TMA (thread 0 issues one box per 64-column
-    // panel of each tensor, completing on the stage's barrier); a segment's partial last tile by cp.async with zero fill
-    // (V rows past a segment may hold anything, NaN included, and P V would carry it into O).
+    // panel of each tensor, completing on the stage's barrier); a segment's partial last tile by
+    // cp.async with zero fill (V rows past a segment may hold anything, NaN included, and P V
+    // would carry it into O).
     // Every thread arrives once its own copies have landed and are visible to the async proxy, so
     // a stage's barrier completes when all 128 threads and the TMA bytes are in.
     regs_dealloc<C.producer_regs>();
