@@ -164,13 +164,14 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
+    const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk);
     d->bwd = LaunchShape{KernelFamily::Wgmma,
-                         sm90::kBwd.block_m,
-                         sm90::kBwd.block_n,
+                         c.block_m,
+                         c.block_n,
                          sm90::kBwdThreads,
-                         sm90::kBwd.stages,
+                         c.stages,
                          sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
-                         RaggedTiles::bound(p.total_kv, p.batch, sm90::kBwd.block_n)};
+                         RaggedTiles::bound(p.total_kv, p.batch, c.block_n)};
   }
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {

@@ -153,24 +153,41 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
   }
 }
 
-TEST(PlanPath, HeadDims256And192TakeTheHopperForwardAndThePortableBackward) {
+TEST(PlanPath, HeadDim256TakesBothHopperKernelsWithTheColumnSplitBackward) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  // D = 256: the Hopper forward (128 x 64 tiles) and the column-split Hopper backward (64 keys
+  // per CTA, one Q/dO stage), whose shared memory fits the device.
+  for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
+    Problem p = long_problem(b);
+    p.head_dim_qk = p.head_dim_v = 256;
+    Plan plan;
+    ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+    EXPECT_EQ(plan.path(), Path::CudaSm90);
+    EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+    EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
+    EXPECT_EQ(plan.data().bwd.block_n, sm90::kBwdColumnSplit.block_n);
+    EXPECT_EQ(plan.data().bwd.stages, sm90::kBwdColumnSplit.stages);
+    EXPECT_LE(plan.data().bwd.smem_bytes, size_t(fake_hopper_caps().smem_per_block_optin));
+    EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x64 384thr"));
+    EXPECT_THAT(plan.describe(), HasSubstr("bwd[wgmma 64x64 384thr"));
+  }
+}
+
+TEST(PlanPath, HeadDims192And128TakeTheHopperForwardAndThePortableBackward) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
   // A head dim with a Hopper kernel in one direction only: the Hopper path runs it there and the
   // portable kernel in the other, and says so.
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
-    for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
-      Problem p = long_problem(b);
-      p.head_dim_qk = dims.first;
-      p.head_dim_v = dims.second;
-      Plan plan;
-      ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
-      EXPECT_EQ(plan.path(), Path::CudaSm90);
-      EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
-      EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
-      EXPECT_THAT(plan.describe(), HasSubstr(dims.first == 256 ? "fwd[wgmma 128x64 384thr"
-                                                               : "fwd[wgmma 128x128 384thr"));
-      EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
-    }
+    Problem p = long_problem(b);
+    p.head_dim_qk = 192;
+    p.head_dim_v = 128;
+    Plan plan;
+    ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+    EXPECT_EQ(plan.path(), Path::CudaSm90);
+    EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+    EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
+    EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
+    EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
   }
 }
 

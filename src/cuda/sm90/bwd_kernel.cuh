@@ -1,20 +1,27 @@
 // Backward main kernel of the Hopper path (sm_90a): one CTA per (key tile of a segment, KV head),
 // the portable backward's tile map and loop, with every product on wgmma. Warp-specialized:
-//   producer warpgroup (kBwd.producer_regs registers): warp 0 copies K/V once (cp.async) and the
-//     Q/dO/LSE/dot(dO,O) stages (Q and dO by TMA inside a segment) into a ring handed over with
-//     mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
+//   producer warpgroup (producer_regs registers): warp 0 copies K/V once (TMA for a whole tile)
+//     and the Q/dO/LSE/dot(dO,O) stages (Q and dO by TMA inside a segment) into a ring handed over
+//     with mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
 //     tile's turn first); warps 2-3 exit.
-//   two consumer warpgroups (kBwd.consumer_regs registers) of 64 keys each (c = 0, 1). dK and dV
-//     of those keys accumulate in registers (two m64n128 fp32 accumulators) while the CTA streams
-//     the query tiles (64 rows) of every query head of its GQA group. Per step, in warpgroup c:
-//   S^T  = K_c Q^T     8 x m64n64k16, both operands K-major in shared memory
-//   dP^T = V_c dO^T    8 x m64n64k16
+//   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
+//     bwd_config says: at D = 64 and 128 (key split) each owns 64 of the CTA's 128 keys and all
+//     their columns; at D = 256 (column split) both work on the CTA's 64 keys and each owns
+//     columns [128c, 128c + 128) of their dK and dV. dK and dV accumulate in registers (two
+//     m64n(DC) fp32 accumulators) while the CTA streams the query tiles (64 rows) of every query
+//     head of its GQA group. Per step, in warpgroup c:
+//   S^T  = K_c Q^T     m64n64k16 over the head dim, both operands K-major in shared memory
+//   dP^T = V_c dO^T    m64n64k16 over the head dim (K_c, V_c: the warpgroup's 64 keys, or the
+//                      CTA's 64 under the column split, where both warpgroups compute them)
 //   P^T, dS^T          on the registers (P^T while dP^T is in flight)
-//   dV  += P^T dO      4 x m64n128k16, P^T from registers, dO N-major in shared memory
-//   dK  += dS^T Q      4 x m64n128k16, dS^T from registers, Q N-major; the stage is released
-//   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers), a consumers' barrier
-//   dQ[:, 64c .. 64c + 63] = dS K   8 x m64n64k16 over the 128 keys, dS read M-major, K N-major
+//   dV  += P^T dO      4 x m64n(DC)k16, P^T from registers, dO N-major in shared memory
+//   dK  += dS^T Q      4 x m64n(DC)k16, dS^T from registers, Q N-major; the stage is released
+//   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers), a barrier: both
+//                      consumers (key split: dQ needs the other's keys) or this one (column
+//                      split: its own copy)
+//   dQ[:, c D/2 .. (c + 1) D/2) = dS K   m64n(D/2)k16 over the CTA's keys, dS read M-major,
+//                      K N-major
 //   dQ -> the shared dQ tile (the scratch's element type and row layout), handed to warp 1.
 // The consumers never wait on global memory, atomics or the deterministic turns.
 // Shared-memory tiles use the 128-byte-swizzled panel layout of config.hpp (hopper.cuh).
@@ -43,16 +50,20 @@ template <class T, int D>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_kernel(const __grid_constant__ BwdTmaParams a) {
   const BwdParams& p = a.p;
-  constexpr int BM = kBwd.block_m, BN = kBwd.block_n;
+  constexpr BwdConfig C = bwd_config(D);
+  constexpr bool SPLIT = bwd_column_split(D);  // the consumers split the columns, not the keys
+  constexpr int BM = C.block_m, BN = C.block_n;
   constexpr int KSTEPS = D / 16;   // k16 steps over the head dim (S^T, dP^T)
   constexpr int QSTEPS = BM / 16;  // k16 steps over the step's queries (dV, dK)
   constexpr int NSTEPS = BN / 16;  // k16 steps over the CTA's keys (dQ)
   constexpr int PANEL = 64;        // 16-bit elements per 128-byte panel row
   constexpr BwdSmem L = bwd_smem(D, D);
-  constexpr int STAGES = kBwd.stages;
-  static_assert(D == 64 || D == 128,
-                "dK and dV are one m64nD accumulator each; dQ is two m64n(D/2) halves");
-  constexpr int DQ_COLS = D / 2;  // dQ columns per consumer warpgroup
+  constexpr int STAGES = C.stages;
+  static_assert(D == 64 || D == 128 || D == 256,
+                "a consumer's dK and dV are one m64n(DC) accumulator each; dQ is two m64n(D/2) "
+                "halves");
+  constexpr int DC = SPLIT ? D / 2 : D;  // dK and dV columns per consumer warpgroup
+  constexpr int DQ_COLS = D / 2;         // dQ columns per consumer warpgroup
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
   using Mma = portable::MmaType<T>;
   using portable::smem_addr;
@@ -74,7 +85,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   uint64_t* empty = full + STAGES;     // [STAGES]: both consumers are done with a stage
   uint64_t* dq_full = empty + STAGES;  // the consumers wrote the step's dQ tile
   uint64_t* dq_empty = dq_full + 1;    // warp 1 has read it out
-  constexpr int kConsumerThreads = 128 * kBwd.consumers;
+  constexpr int kConsumerThreads = 128 * C.consumers;
   if (tid == 0) {
     mbar_init(kv_full, 32);
     for (int s = 0; s < STAGES; ++s) {
@@ -87,7 +98,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    regs_dealloc<kBwd.producer_regs>();
+    regs_dealloc<C.producer_regs>();
     const int warp = tid / 32;
     if (warp == 0) {
       // ---- Loads: K/V once (TMA for a whole key tile), then stage `it` into buffer it % STAGES
@@ -203,17 +214,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
 
   // ---- Consumers.
-  regs_alloc<kBwd.consumer_regs>();
+  regs_alloc<C.consumer_regs>();
   const int c = wg - 1, warp_in_wg = (tid % 128) / 32;
   const uint32_t k_addr = smem_addr(smem + L.k), v_addr = smem_addr(smem + L.v);
   const uint32_t q_addr = smem_addr(smem + L.q), do_addr = smem_addr(smem + L.d_o);
   const uint32_t ds_addr = smem_addr(smem + L.ds);
   // This thread's key rows in the CTA tile (the wgmma accumulator layout): row_a and row_a + 8.
-  const int row_a = c * 64 + warp_in_wg * 16 + lane / 4;
+  // Key split: the warpgroup's 64 keys; column split: all 64 keys of the CTA.
+  const int key0 = SPLIT ? 0 : c * 64;
+  const int row_a = key0 + warp_in_wg * 16 + lane / 4;
+  // The first column of this warpgroup's dK and dV (column split) and of its dQ, and the byte
+  // offset of a column in a [rows][D] panel-major tile of `rows` rows (64 columns per panel).
+  const int col0 = SPLIT ? c * DC : 0;
+  auto col_offset = [](int col, int rows) {
+    return uint32_t((col / PANEL) * rows * kSwizzleBytes + (col % PANEL) * 2);
+  };
 
-  float acc_dk[D / 8][4], acc_dv[D / 8][4];
+  float acc_dk[DC / 8][4], acc_dv[DC / 8][4];
 #pragma unroll
-  for (int f = 0; f < D / 8; ++f)
+  for (int f = 0; f < DC / 8; ++f)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[f][e] = acc_dv[f][e] = 0.f;
 
@@ -222,16 +241,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int buf = it % STAGES;
     mbar_wait(&full[buf], (it / STAGES) & 1);
     const int m0 = (m_first + it % m_count) * BM;
+    // dS^T buffer: key split, alternating steps (both warpgroups read both halves); column split,
+    // this warpgroup's own copy.
+    const int ds_buf = SPLIT ? c : (it & 1);
     // Shared-memory bases, opaque to the compiler here: otherwise it hoists the loop-invariant
     // operand descriptors (16 for K and V, 8 for dQ's K, 64 bits each) out of the loop and keeps
     // them in registers that the accumulators need.
-    uint32_t k_base = k_addr, v_base = v_addr, ds_base = ds_addr + (it & 1) * uint32_t(L.ds_stage);
+    uint32_t k_base = k_addr, v_base = v_addr, ds_base = ds_addr + ds_buf * uint32_t(L.ds_stage);
     uint32_t q_buf = q_addr + buf * uint32_t(L.q_stage),
              do_buf = do_addr + buf * uint32_t(L.do_stage);
     asm volatile("" : "+r"(k_base), "+r"(v_base), "+r"(ds_base), "+r"(q_buf), "+r"(do_buf));
 
     // S^T = K_c Q^T and dP^T = V_c dO^T: [64 keys x 64 queries] each, both operands K-major:
-    // this warpgroup's 64 rows of K (V), all 64 rows of Q (dO), over the head dim's panels.
+    // 64 rows of K (V) from key0, all 64 rows of Q (dO), over the head dim's panels.
     float st[BM / 8][4], dpt[BM / 8][4];
     auto issue_scores = [&](float(&acc)[BM / 8][4], uint32_t keys_tile, uint32_t queries_tile) {
 #pragma unroll
@@ -239,7 +261,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const uint32_t panel = kk / 4, within = (kk % 4) * 32;
         ss_m64n64k16<T>(
             acc,
-            desc_k_major(keys_tile + panel * BN * kSwizzleBytes + c * 64 * kSwizzleBytes + within),
+            desc_k_major(keys_tile + panel * BN * kSwizzleBytes + key0 * kSwizzleBytes + within),
             desc_k_major(queries_tile + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
@@ -317,10 +339,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
 
     // dV += P^T dO and dK += dS^T Q (A from registers, B N-major: its rows are this step's
-    // queries, its columns the head dim in two panels).
+    // queries, its columns this warpgroup's DC columns of the head dim, from panel col0 / 64).
     wgmma_fence();
-    auto accumulate = [&](float(&acc)[D / 8][4], const uint32_t(&a)[4], uint64_t b) {
-      if constexpr (D == 128) {
+    auto accumulate = [&](float(&acc)[DC / 8][4], const uint32_t(&a)[4], uint64_t b) {
+      if constexpr (DC == 128) {
         rs_m64n128k16_tb<T>(acc, a, b, 1);
       } else {
         rs_m64n64k16_tb<T>(acc, a, b, 1);
@@ -329,12 +351,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int kc = 0; kc < QSTEPS; ++kc) {
       accumulate(acc_dv, a_p[kc],
-                 desc_mn_major(do_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes));
+                 desc_mn_major(do_buf + col_offset(col0, BM) + kc * 16 * kSwizzleBytes,
+                               BM * kSwizzleBytes));
     }
 #pragma unroll
     for (int kc = 0; kc < QSTEPS; ++kc) {
       accumulate(acc_dk, a_ds[kc],
-                 desc_mn_major(q_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes));
+                 desc_mn_major(q_buf + col_offset(col0, BM) + kc * 16 * kSwizzleBytes,
+                               BM * kSwizzleBytes));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -348,34 +372,43 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       const int kr = row_a + 8 * half;
 #pragma unroll
       for (int f = 0; f < BM / 8; ++f) {
-        *reinterpret_cast<uint32_t*>(smem + L.ds + (it & 1) * L.ds_stage +
+        *reinterpret_cast<uint32_t*>(smem + L.ds + ds_buf * L.ds_stage +
                                      swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
             a_ds[f / 2][2 * (f % 2) + half];
       }
     }
     fence_proxy_async_smem();
-    named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
+    if constexpr (SPLIT) {
+      // This warpgroup's dS^T rows are in (its own copy). Constant ids: a computed one makes
+      // ptxas reserve all 16.
+      if (c == 0) {
+        named_barrier_sync(2, 128);
+      } else {
+        named_barrier_sync(3, 128);
+      }
+    } else {
+      named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
+    }
 
     // dQ[:, c D/2 .. (c + 1) D/2) = dS K: A = dS^T read M-major (queries contiguous), B = K's
-    // columns from c D/2 read N-major (panel c at D = 128; at D = 64 both halves share panel 0,
-    // warpgroup 1's starting 64 bytes into each row); k16 steps over the CTA's 128 keys.
+    // columns from c D/2 read N-major (D = 64: both halves in panel 0, warpgroup 1's starting 64
+    // bytes into each row; D = 128: panel c; D = 256: panels 2c and 2c + 1); k16 steps over the
+    // CTA's keys.
     float dq[DQ_COLS / 8][4];
 #pragma unroll
     for (int f = 0; f < DQ_COLS / 8; ++f) dq[f][0] = dq[f][1] = dq[f][2] = dq[f][3] = 0.f;
+    const uint32_t k_cols = k_base + col_offset(c * DQ_COLS, BN);
     wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < NSTEPS; ++kc) {
       const uint64_t da = desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
-      if constexpr (D == 128) {  // panel c
-        ss_m64n64k16_tab<T>(dq, da,
-                            desc_mn_major(k_base + c * BN * kSwizzleBytes + kc * 16 * kSwizzleBytes,
-                                          BN * kSwizzleBytes),
-                            kc > 0 ? 1 : 0);
-      } else {  // panel 0, 2 * DQ_COLS bytes into each row for warpgroup 1
-        ss_m64n32k16_tab<T>(
-            dq, da,
-            desc_mn_major(k_base + c * DQ_COLS * 2 + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes),
-            kc > 0 ? 1 : 0);
+      const uint64_t db = desc_mn_major(k_cols + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
+      if constexpr (DQ_COLS == 128) {
+        ss_m64n128k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+      } else if constexpr (DQ_COLS == 64) {
+        ss_m64n64k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+      } else {
+        ss_m64n32k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
       }
     }
     wgmma_commit();
@@ -411,17 +444,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     mbar_arrive(dq_full);
   }
 
-  // Epilogue: dK (times the softmax scale) and dV of this thread's keys.
+  // Epilogue: dK (times the softmax scale) and dV of this thread's keys (and, under the column
+  // split, its warpgroup's columns).
   T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
   T* dv = static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = row_a + 8 * half;
     if (r < keys) {
-      T* dkrow = dk + r * p.dk_layout.token_stride + 2 * (lane % 4);
-      T* dvrow = dv + r * p.dv_layout.token_stride + 2 * (lane % 4);
+      T* dkrow = dk + r * p.dk_layout.token_stride + col0 + 2 * (lane % 4);
+      T* dvrow = dv + r * p.dv_layout.token_stride + col0 + 2 * (lane % 4);
 #pragma unroll
-      for (int f = 0; f < D / 8; ++f) {
+      for (int f = 0; f < DC / 8; ++f) {
         *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
             Mma::pack(acc_dk[f][2 * half] * p.scale, acc_dk[f][2 * half + 1] * p.scale);
         *reinterpret_cast<uint32_t*>(dvrow + f * 8) =

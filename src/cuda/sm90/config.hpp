@@ -91,21 +91,40 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
   return size_t(rows) * size_t(dim) * 2;
 }
 
-// Backward: a CTA owns block_n = 128 keys of one KV head (dK and dV accumulate in registers for
-// the CTA's life, so GQA needs no reduction: the CTA loops over the query heads of its group) and
+// Backward: a CTA owns block_n keys of one KV head (dK and dV accumulate in registers for the
+// CTA's life, so GQA needs no reduction: the CTA loops over the query heads of its group) and
 // streams block_m = 64 query rows per step. Warp-specialized like the forward: a producer
 // warpgroup (warp 0 copies K/V once and the Q/dO/LSE/dot(dO,O) ring, Q and dO by TMA; warp 1 adds
 // each step's dQ tile into the scratch with one bulk reduce from shared memory) and two consumer
-// warpgroups of 64 keys each (the M of one wgmma) that never wait on global memory or atomics.
-constexpr BwdConfig kBwd{64, 128, 2, 3, 32, 232};
+// warpgroups that never wait on global memory or atomics. How the consumers share the work:
+//   - D = 64 and 128 (key split): 128 keys, 64 per consumer (the M of one wgmma); each computes
+//     the scores of its keys, and dS^T goes through shared memory to both for dQ, whose columns
+//     they split. Three Q/dO stages.
+//   - D = 256 (column split): 64 keys, whose dK and dV (64 x 256 fp32 each) do not fit one
+//     warpgroup's registers, so consumer c owns their columns [128c, 128c + 128): both compute
+//     the full S^T and dP^T of the 64 keys (the same products twice, 40% more matrix work than
+//     the minimum, against an exchange through shared memory), then dV_c, dK_c and dQ's columns
+//     [128c, 128c + 128), each from its own dS^T copy. One Q/dO stage: K and V (64 KiB), a stage
+//     (64 KiB), the fp32 dQ tile (64 KiB) and two dS^T copies (16 KiB) take 208 KiB of 227.
+RATTN_HD constexpr bool bwd_column_split(int d) {
+  return d == 256;
+}
+RATTN_HD constexpr BwdConfig bwd_config(int d) {
+  return bwd_column_split(d) ? BwdConfig{64, 64, 2, 1, 32, 232} : BwdConfig{64, 128, 2, 3, 32, 232};
+}
+constexpr BwdConfig kBwd = bwd_config(128);
+constexpr BwdConfig kBwdColumnSplit = bwd_config(256);
 constexpr int kBwdThreads = ws_threads(kBwd);
-static_assert(kBwd.block_n == 64 * kBwd.consumers, "one wgmma M of keys per consumer warpgroup");
-static_assert(fits_register_pool(kBwd),
+static_assert(ws_threads(kBwdColumnSplit) == kBwdThreads, "one thread count for the backward");
+static_assert(kBwd.block_n == 64 * kBwd.consumers, "key split: one wgmma M of keys per consumer");
+static_assert(kBwdColumnSplit.block_n == 64 && kBwdColumnSplit.consumers == 2,
+              "column split: one wgmma M of keys, two halves of the head dim");
+static_assert(fits_register_pool(kBwd) && fits_register_pool(kBwdColumnSplit),
               "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The head dims the Hopper backward is built for.
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
-  return dqk == dv && (dqk == 64 || dqk == 128);
+  return dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256);
 }
 
 struct FwdSmem {
@@ -128,35 +147,40 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
 }
 
 // Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; dS^T
-// ([key][query], the A operand of dQ = dS K read M-major) in two buffers, handing the score
-// gradient from the warpgroup that computed it (its 64 keys) to both (each computes half of dQ's
-// columns); the dQ tile in the scratch's own element type and row-major layout (the source of the
-// bulk reduce); the mbarriers.
+// ([key][query], the A operand of dQ = dS K read M-major) in two buffers: under the key split
+// alternating steps, handing the score gradient from the warpgroup that computed it (its 64 keys)
+// to both; under the column split one per consumer (each computed all of it); the dQ tile in the
+// scratch's own element type and row-major layout (the source of the bulk reduce); the mbarriers.
 struct BwdSmem {
   size_t k, v, q, d_o, ds, dq, lse, dpsum, bars;  // byte offsets from the 1024-aligned base
   size_t q_stage, do_stage, ds_stage, stat_stage;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
 // mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty.
-constexpr int kBwdBarriers = 1 + 2 * kBwd.stages + 2;
+RATTN_HD constexpr int bwd_barriers(int stages) {
+  return 1 + 2 * stages + 2;
+}
 RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
+  const BwdConfig c = bwd_config(dqk);
   BwdSmem s{};
-  s.q_stage = tile_bytes(kBwd.block_m, dqk);
-  s.do_stage = tile_bytes(kBwd.block_m, dv);
-  s.ds_stage = tile_bytes(kBwd.block_n, kBwd.block_m);
-  s.stat_stage = size_t(kBwd.block_m) * 4;
+  s.q_stage = tile_bytes(c.block_m, dqk);
+  s.do_stage = tile_bytes(c.block_m, dv);
+  s.ds_stage = tile_bytes(c.block_n, c.block_m);
+  s.stat_stage = size_t(c.block_m) * 4;
   s.k = 0;
-  s.v = s.k + tile_bytes(kBwd.block_n, dqk);
-  s.q = s.v + tile_bytes(kBwd.block_n, dv);
-  s.d_o = s.q + kBwd.stages * s.q_stage;
-  s.ds = s.d_o + kBwd.stages * s.do_stage;
+  s.v = s.k + tile_bytes(c.block_n, dqk);
+  s.q = s.v + tile_bytes(c.block_n, dv);
+  s.d_o = s.q + c.stages * s.q_stage;
+  s.ds = s.d_o + c.stages * s.do_stage;
   s.dq = s.ds + 2 * s.ds_stage;
-  s.lse = s.dq + size_t(kBwd.block_m) * dqk * 4;  // fp32 at most
-  s.dpsum = s.lse + kBwd.stages * s.stat_stage;
-  s.bars = s.dpsum + kBwd.stages * s.stat_stage;
-  s.bytes = s.bars + kBwdBarriers * 8 + kSmemAlign;
+  s.lse = s.dq + size_t(c.block_m) * dqk * 4;  // fp32 at most
+  s.dpsum = s.lse + c.stages * s.stat_stage;
+  s.bars = s.dpsum + c.stages * s.stat_stage;
+  s.bytes = s.bars + bwd_barriers(c.stages) * 8 + kSmemAlign;
   return s;
 }
+static_assert(bwd_smem(128, 128).bytes <= 227 * 1024 && bwd_smem(256, 256).bytes <= 227 * 1024,
+              "the backward's shared memory fits the opt-in limit of sm_90");
 
 }  // namespace sm90
 }  // namespace raggedattn
