@@ -100,32 +100,75 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 //   - D = 64 and 128 (key split): 128 keys, 64 per consumer (the M of one wgmma); each computes
 //     the scores of its keys, and dS^T goes through shared memory to both for dQ, whose columns
 //     they split. Three Q/dO stages.
-//   - D = 256 (column split): 64 keys, whose dK and dV (64 x 256 fp32 each) do not fit one
-//     warpgroup's registers, so consumer c owns their columns [128c, 128c + 128): both compute
-//     the full S^T and dP^T of the 64 keys (the same products twice, 40% more matrix work than
-//     the minimum, against an exchange through shared memory), then dV_c, dK_c and dQ's columns
-//     [128c, 128c + 128), each from its own dS^T copy. One Q/dO stage: K and V (64 KiB), a stage
-//     (64 KiB), the fp32 dQ tile (64 KiB) and two dS^T copies (16 KiB) take 208 KiB of 227.
-RATTN_HD constexpr bool bwd_column_split(int d) {
-  return d == 256;
+//   - D = 256 and Dqk 192 / Dv 128 (column split): 64 keys, whose dK and dV (64 x 256 fp32 each
+//     at D = 256) do not fit one warpgroup's registers, so the consumers split their columns
+//     (bwd_columns): both compute the full S^T and dP^T of the 64 keys (the same products twice,
+//     40% more matrix work than the minimum at D = 256, against an exchange through shared
+//     memory), then each its columns of dV, dK and dQ, from its own dS^T copy. Stages: one at
+//     D = 256 (K and V 64 KiB, a stage 64 KiB, the fp32 dQ tile 64 KiB and two dS^T copies
+//     16 KiB take 208 KiB of 227), three at 192/128.
+RATTN_HD constexpr bool bwd_column_split(int dqk, int dv) {
+  return (dqk == 256 && dv == 256) || (dqk == 192 && dv == 128);
 }
-RATTN_HD constexpr BwdConfig bwd_config(int d) {
-  return bwd_column_split(d) ? BwdConfig{64, 64, 2, 1, 32, 232} : BwdConfig{64, 128, 2, 3, 32, 232};
+RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv) {
+  return !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}
+         : dqk == 256               ? BwdConfig{64, 64, 2, 1, 32, 232}
+                                    : BwdConfig{64, 64, 2, 3, 32, 232};
 }
-constexpr BwdConfig kBwd = bwd_config(128);
-constexpr BwdConfig kBwdColumnSplit = bwd_config(256);
+constexpr BwdConfig kBwd = bwd_config(128, 128);
+constexpr BwdConfig kBwdColumnSplit = bwd_config(256, 256);
 constexpr int kBwdThreads = ws_threads(kBwd);
-static_assert(ws_threads(kBwdColumnSplit) == kBwdThreads, "one thread count for the backward");
+static_assert(ws_threads(kBwdColumnSplit) == kBwdThreads &&
+                  ws_threads(bwd_config(192, 128)) == kBwdThreads,
+              "one thread count for the backward");
 static_assert(kBwd.block_n == 64 * kBwd.consumers, "key split: one wgmma M of keys per consumer");
 static_assert(kBwdColumnSplit.block_n == 64 && kBwdColumnSplit.consumers == 2,
-              "column split: one wgmma M of keys, two halves of the head dim");
+              "column split: one wgmma M of keys, two sets of columns");
 static_assert(fits_register_pool(kBwd) && fits_register_pool(kBwdColumnSplit),
               "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The head dims the Hopper backward is built for.
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
-  return dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256);
+  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
 }
+
+// Consumer c's columns of dK, dV and dQ: the first and how many (a wgmma N: 32, 64 or 128). Key
+// split: all of dK and dV (its own keys), half of dQ. Column split at 256: halves of each. At
+// 192/128, whole 64-column panels, balanced in total: consumer 0 dK [0, 128), dV [0, 64), dQ
+// [0, 64); consumer 1 dK [128, 192), dV [64, 128), dQ [64, 192).
+struct BwdColumns {
+  int dk0, dkn, dv0, dvn, dq0, dqn;
+};
+RATTN_HD constexpr BwdColumns bwd_columns(int dqk, int dv, int c) {
+  if (!bwd_column_split(dqk, dv)) return {0, dqk, 0, dv, c * dqk / 2, dqk / 2};
+  if (dqk == 256) return {128 * c, 128, 128 * c, 128, 128 * c, 128};
+  return c == 0 ? BwdColumns{0, 128, 0, 64, 0, 64} : BwdColumns{128, 64, 64, 64, 64, 128};
+}
+// Both consumers have the same widths (one instantiation of the consumer loop).
+RATTN_HD constexpr bool bwd_columns_symmetric(int dqk, int dv) {
+  return bwd_columns(dqk, dv, 0).dkn == bwd_columns(dqk, dv, 1).dkn &&
+         bwd_columns(dqk, dv, 0).dvn == bwd_columns(dqk, dv, 1).dvn &&
+         bwd_columns(dqk, dv, 0).dqn == bwd_columns(dqk, dv, 1).dqn;
+}
+// The two consumers' columns cover each tensor once, in wgmma widths.
+RATTN_HD constexpr bool wgmma_width_ok(int n) {
+  return n == 32 || n == 64 || n == 128;
+}
+RATTN_HD constexpr bool bwd_columns_ok(int dqk, int dv) {
+  const BwdColumns a = bwd_columns(dqk, dv, 0), b = bwd_columns(dqk, dv, 1);
+  const bool split = bwd_column_split(dqk, dv);
+  const bool dk_ok = split ? (a.dk0 == 0 && b.dk0 == a.dkn && a.dkn + b.dkn == dqk)
+                           : (a.dk0 == 0 && b.dk0 == 0 && a.dkn == dqk && b.dkn == dqk);
+  const bool dv_ok = split ? (a.dv0 == 0 && b.dv0 == a.dvn && a.dvn + b.dvn == dv)
+                           : (a.dv0 == 0 && b.dv0 == 0 && a.dvn == dv && b.dvn == dv);
+  const bool dq_ok = a.dq0 == 0 && b.dq0 == a.dqn && a.dqn + b.dqn == dqk;
+  return dk_ok && dv_ok && dq_ok && wgmma_width_ok(a.dqn) && wgmma_width_ok(b.dqn) &&
+         (!split || (wgmma_width_ok(a.dkn) && wgmma_width_ok(b.dkn) && wgmma_width_ok(a.dvn) &&
+                     wgmma_width_ok(b.dvn)));
+}
+static_assert(bwd_columns_ok(64, 64) && bwd_columns_ok(128, 128) && bwd_columns_ok(256, 256) &&
+                  bwd_columns_ok(192, 128),
+              "each consumer's columns in wgmma widths, the two covering each tensor once");
 
 struct FwdSmem {
   size_t q, k, v;  // byte offsets from the 1024-aligned base
@@ -161,7 +204,7 @@ RATTN_HD constexpr int bwd_barriers(int stages) {
   return 1 + 2 * stages + 2;
 }
 RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
-  const BwdConfig c = bwd_config(dqk);
+  const BwdConfig c = bwd_config(dqk, dv);
   BwdSmem s{};
   s.q_stage = tile_bytes(c.block_m, dqk);
   s.do_stage = tile_bytes(c.block_m, dv);
@@ -179,7 +222,8 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
   s.bytes = s.bars + bwd_barriers(c.stages) * 8 + kSmemAlign;
   return s;
 }
-static_assert(bwd_smem(128, 128).bytes <= 227 * 1024 && bwd_smem(256, 256).bytes <= 227 * 1024,
+static_assert(bwd_smem(128, 128).bytes <= 227 * 1024 && bwd_smem(256, 256).bytes <= 227 * 1024 &&
+                  bwd_smem(192, 128).bytes <= 227 * 1024,
               "the backward's shared memory fits the opt-in limit of sm_90");
 
 }  // namespace sm90
