@@ -15,11 +15,11 @@
 //   dP^T = V_c dO^T    m64n64k16 over the head dim (K_c, V_c: the warpgroup's 64 keys, or the
 //                      CTA's 64 under the column split, where both warpgroups compute them)
 //   P^T, dS^T          on the registers (P^T while dP^T is in flight)
+//   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers)
 //   dV  += P^T dO      4 x m64n(DVN)k16, P^T from registers, dO N-major in shared memory
-//   dK  += dS^T Q      4 x m64n(DKN)k16, dS^T from registers, Q N-major; the stage is released
-//   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers), a barrier: both
-//                      consumers (key split: dQ needs the other's keys) or this one (column
-//                      split: its own copy)
+//   dK  += dS^T Q      4 x m64n(DKN)k16, dS^T from registers, Q N-major; both in flight across
+//                      a barrier: both consumers (key split: dQ needs the other's keys) or this
+//                      one (column split: its own copy); then the stage is released
 //   dQ[:, dq0 .. dq0 + DQN) = dS K   m64n(DQN)k16 over the CTA's keys, dS read M-major,
 //                      K N-major
 //   dQ -> the shared dQ tile (the scratch's element type and row layout), handed to warp 1.
@@ -366,8 +366,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         score_tile(std::false_type{});
       }
 
+      // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ: before
+      // dV and dK are issued, because a wgmma's register A operand (a_ds) may not be read by
+      // other instructions while the wgmma is in flight.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int kr = row_a + 8 * half;
+#pragma unroll
+        for (int f = 0; f < BM / 8; ++f) {
+          *reinterpret_cast<uint32_t*>(smem + L.ds + ds_buf * L.ds_stage +
+                                       swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
+              a_ds[f / 2][2 * (f % 2) + half];
+        }
+      }
+      fence_proxy_async_smem();
+
       // dV += P^T dO and dK += dS^T Q (A from registers, B N-major: its rows are this step's
-      // queries, its columns this warpgroup's columns of dV (dK), from dv0 (dk0)).
+      // queries, its columns this warpgroup's columns of dV (dK), from dv0 (dk0)), in flight
+      // while this warpgroup waits at the dS^T barrier.
       wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < QSTEPS; ++kc) {
@@ -382,23 +398,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                             BM * kSwizzleBytes));
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      pin(acc_dv);
-      pin(acc_dk);
-      mbar_arrive(&empty[buf]);  // this thread's reads of the Q/dO stage are complete
-
-      // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ.
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int kr = row_a + 8 * half;
-#pragma unroll
-        for (int f = 0; f < BM / 8; ++f) {
-          *reinterpret_cast<uint32_t*>(smem + L.ds + ds_buf * L.ds_stage +
-                                       swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
-              a_ds[f / 2][2 * (f % 2) + half];
-        }
-      }
-      fence_proxy_async_smem();
       if constexpr (SPLIT) {
         // This warpgroup's dS^T rows are in (its own copy). Constant ids: a computed one makes
         // ptxas reserve all 16.
@@ -410,6 +409,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       } else {
         named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
       }
+      // dV and dK land before dQ is issued: their register operands (P^T, dS^T) die here, so
+      // dQ's accumulators do not add to the live registers.
+      wgmma_wait<0>();
+      pin(acc_dv);
+      pin(acc_dk);
+      mbar_arrive(&empty[buf]);  // this thread's reads of the Q/dO stage are complete
 
       // dQ[:, dq0 .. dq0 + DQN) = dS K: A = dS^T read M-major (queries contiguous), B = K's
       // columns from dq0 read N-major (D = 64: both halves in panel 0, warpgroup 1's starting 64
