@@ -136,8 +136,8 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   }
   if (!sm90::path_supports(p.head_dim_qk, p.head_dim_v)) {
     return str_cat(
-        "the Hopper path has kernels for head dims 64/64 and 128/128 (and 192/128, "
-        "256/256 forward); given head_dim_qk=",
+        "the Hopper path has kernels for head dims 64/64, 128/128, 256/256 and 192/128; "
+        "given head_dim_qk=",
         p.head_dim_qk, ", head_dim_v=", p.head_dim_v, " (backend cuda_portable takes it)");
   }
   return "";
@@ -163,13 +163,14 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
+    const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk, p.head_dim_v);
     d->bwd = LaunchShape{KernelFamily::Wgmma,
-                         sm90::kBwd.block_m,
-                         sm90::kBwd.block_n,
+                         c.block_m,
+                         c.block_n,
                          sm90::kBwdThreads,
-                         sm90::kBwd.stages,
+                         c.stages,
                          sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
-                         RaggedTiles::bound(p.total_kv, p.batch, sm90::kBwd.block_n)};
+                         RaggedTiles::bound(p.total_kv, p.batch, c.block_n)};
   }
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {

@@ -153,10 +153,10 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
   }
 }
 
-TEST(PlanPath, HeadDims256And192TakeTheHopperForwardAndThePortableBackward) {
+TEST(PlanPath, HeadDims256And192TakeBothHopperKernelsWithTheColumnSplitBackward) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // A head dim with a Hopper kernel in one direction only: the Hopper path runs it there and the
-  // portable kernel in the other, and says so.
+  // D = 256 and Dqk 192 / Dv 128: the Hopper forward and the column-split Hopper backward (64
+  // keys per CTA; one Q/dO stage at 256, three at 192/128), whose shared memory fits the device.
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
     for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
       Problem p = long_problem(b);
@@ -164,12 +164,43 @@ TEST(PlanPath, HeadDims256And192TakeTheHopperForwardAndThePortableBackward) {
       p.head_dim_v = dims.second;
       Plan plan;
       ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+      const sm90::BwdConfig c = sm90::bwd_config(dims.first, dims.second);
       EXPECT_EQ(plan.path(), Path::CudaSm90);
       EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
-      EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
+      EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
+      EXPECT_EQ(plan.data().bwd.block_n, 64);
+      EXPECT_EQ(plan.data().bwd.stages, c.stages);
+      EXPECT_EQ(c.stages, dims.first == 256 ? 1 : 3);
+      EXPECT_LE(plan.data().bwd.smem_bytes, size_t(fake_hopper_caps().smem_per_block_optin));
       EXPECT_THAT(plan.describe(), HasSubstr(dims.first == 256 ? "fwd[wgmma 128x64 384thr"
                                                                : "fwd[wgmma 128x128 384thr"));
-      EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+      EXPECT_THAT(plan.describe(), HasSubstr("bwd[wgmma 64x64 384thr"));
+    }
+  }
+}
+
+TEST(PlanPath, HopperBackwardColumnsCoverEachTensorOnce) {
+  // bwd_columns: per consumer, the columns of dK, dV and dQ it owns. Under the key split both own
+  // all of dK and dV (their own keys); under the column split the two cover each tensor once.
+  for (const auto& dims : {std::pair<int, int>{64, 64}, std::pair<int, int>{128, 128},
+                           std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
+    const int dqk = dims.first, dv = dims.second;
+    const sm90::BwdColumns a = sm90::bwd_columns(dqk, dv, 0), b = sm90::bwd_columns(dqk, dv, 1);
+    EXPECT_EQ(a.dq0, 0);
+    EXPECT_EQ(b.dq0, a.dqn);
+    EXPECT_EQ(a.dqn + b.dqn, dqk);
+    if (sm90::bwd_column_split(dqk, dv)) {
+      EXPECT_EQ(a.dkn + b.dkn, dqk);
+      EXPECT_EQ(b.dk0, a.dkn);
+      EXPECT_EQ(a.dvn + b.dvn, dv);
+      EXPECT_EQ(b.dv0, a.dvn);
+      // The same amount of dK + dV + dQ work per consumer.
+      EXPECT_EQ(a.dkn + a.dvn + a.dqn, b.dkn + b.dvn + b.dqn);
+    } else {
+      EXPECT_EQ(a.dkn, dqk);
+      EXPECT_EQ(b.dkn, dqk);
+      EXPECT_EQ(a.dvn, dv);
+      EXPECT_EQ(b.dvn, dv);
     }
   }
 }

@@ -1,6 +1,6 @@
 // The Hopper path (wgmma forward and backward) against the CPU reference, per segment and per
-// tensor: the named configurations it takes (head dims 64/64 and 128/128; 192/128 and 256/256
-// with the portable backward), bf16 and fp16, both dQ
+// tensor: the named configurations it takes (head dims 64/64, 128/128, 256/256 and 192/128, the
+// last two with the column-split backward), bf16 and fp16, both dQ
 // modes, the deterministic mode, and random ragged problems drawn fresh every run. Skipped where
 // there is no sm_90 device or the build lacks the Hopper kernels.
 #include <gtest/gtest.h>
@@ -69,7 +69,7 @@ TEST(HopperRandom, FreshRaggedProblems) {
     lim.backend = RATTN_BACKEND_CUDA_SM90;
     CaseSpec spec = verify::random_case(base + uint64_t(i), lim);
     // Head dims: 128 in three cases of five, 64 in one, and in the fifth 256/256 or 192/128
-    // (their backward on the portable kernel) in turn.
+    // (both with the column-split Hopper backward) in turn.
     spec.dqk = spec.dv = (i % 5 == 4) ? 64 : 128;
     if (i % 5 == 2) {
       spec.dqk = (i / 5) % 2 ? 192 : 256;
