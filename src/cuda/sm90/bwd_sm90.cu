@@ -48,9 +48,9 @@ cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* 
 Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
   const Problem& pr = d.problem;
   // The Plan never sends other shapes here; the kernel's tile is the Plan's (config.hpp).
-  if (!sm90::bwd_supports(pr.head_dim_qk, pr.head_dim_v) ||
-      d.bwd.block_m != sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v).block_m ||
-      d.bwd.block_n != sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v).block_n) {
+  const sm90::BwdConfig c = sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v);
+  if (!sm90::bwd_supports(pr.head_dim_qk, pr.head_dim_v) || d.bwd.block_m != c.block_m ||
+      d.bwd.block_n != c.block_n) {
     return not_supported(
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
         ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n);
