@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   using portable::smem_addr;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
+  unsigned char* smem = aligned_smem(smem_raw);
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups

@@ -55,8 +55,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   using Mma = portable::MmaType<T>;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
+  unsigned char* smem = aligned_smem(smem_raw);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* full = q_full + 1;      // [STAGES]: a K/V tile has landed (producer arrivals)
   uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage

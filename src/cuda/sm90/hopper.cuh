@@ -12,6 +12,15 @@
 namespace raggedattn {
 namespace sm90 {
 
+// The dynamic shared memory rounded up to kSmemAlign. The offset is added to the __shared__ array
+// itself, so the compiler still knows the result points into shared memory; a round trip through
+// an integer made it a generic pointer, and every access through it a generic LD.E / ST.E with
+// its address conversion (profiled in the backward's LSE reads, dS^T and dQ tile stores).
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
+  const uint32_t misalign = portable::smem_addr(raw) % uint32_t(kSmemAlign);
+  return raw + (misalign == 0 ? 0 : uint32_t(kSmemAlign) - misalign);
+}
+
 // Byte offset of 16-byte chunk `chunk` (along the head dim) of row `row` in a tile of `rows`
 // rows: panel chunk / 8, then the row, then the chunk permuted within the row's 128 bytes.
 __device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int chunk) {
