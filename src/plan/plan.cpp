@@ -1,4 +1,5 @@
 // make_plan: validation, the path decision, tile shapes and the scratch layouts — each made once.
+#include <algorithm>
 #include <cstdio>
 
 #include "common/dtype.hpp"
@@ -72,7 +73,15 @@ void plan_bwd_workspace(PlanData* d) {
     ws.locks = take(&cursor, size_t(q_tiles) * p.num_heads_q * sizeof(int32_t));
   }
   ws.total = round_up(int64_t(cursor), kRegionAlign);
-  d->fwd_ws.total = 0;
+}
+
+// The forward's scratch: the persistent kernel's work-item counter, nothing otherwise.
+void plan_fwd_workspace(PlanData* d) {
+  FwdWorkspace& ws = d->fwd_ws;
+  ws = FwdWorkspace{};
+  size_t cursor = 0;
+  if (d->fwd.persistent_ctas > 0) ws.work_counter = take(&cursor, sizeof(unsigned long long));
+  ws.total = round_up(int64_t(cursor), kRegionAlign);
 }
 
 // The portable path's launch shapes: every supported shape on sm80+, given the shared memory.
@@ -118,6 +127,7 @@ Status portable_shapes(PlanData* d) {
 
 Status plan_portable(PlanData* d) {
   RATTN_RETURN_IF_ERROR(portable_shapes(d));
+  plan_fwd_workspace(d);
   plan_bwd_workspace(d);
   return Status::Ok();
 }
@@ -162,6 +172,11 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          c.stages,
                          sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
                          RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
+    // Persistent: one CTA per SM (its shared memory allows no second), striding over the
+    // (query tile, head) work items, so a CTA's set-up is paid once and the next tile's loads
+    // overlap the current tile's last products and epilogue.
+    d->fwd.persistent_ctas =
+        std::max<int64_t>(1, std::min<int64_t>(d->caps.num_sms, d->fwd.tiles * p.num_heads_q));
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     d->bwd = LaunchShape{KernelFamily::Wgmma,
@@ -179,6 +194,7 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                            d->caps.smem_per_block_optin);
     }
   }
+  plan_fwd_workspace(d);
   plan_bwd_workspace(d);
   return Status::Ok();
 }
@@ -321,7 +337,8 @@ std::string Plan::describe() const {
   if (d.path != Path::Cpu) {
     s += str_cat(
         " fwd[", kernel_family_name(d.fwd.family), " ", d.fwd.block_m, "x", d.fwd.block_n, " ",
-        d.fwd.threads, "thr ", d.fwd.smem_bytes / 1024, "KiB] bwd[",
+        d.fwd.threads, "thr ", d.fwd.smem_bytes / 1024, "KiB",
+        d.fwd.persistent_ctas > 0 ? str_cat(" persistent=", d.fwd.persistent_ctas) : "", "] bwd[",
         kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
         d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"

@@ -31,6 +31,9 @@ struct BwdWorkspace {
 };
 
 struct FwdWorkspace {
+  // uint64: the persistent forward's work-item counter, zeroed by the launch sequence before each
+  // kernel (LaunchShape::persistent_ctas > 0 only).
+  Region work_counter;
   size_t total = 0;
 };
 
@@ -51,6 +54,9 @@ struct LaunchShape {
   int stages = 1;
   size_t smem_bytes = 0;
   int64_t tiles = 0;  // the ragged tile map's index space (grid.x)
+  // > 0: a persistent kernel. Its grid is (persistent_ctas, 1), and each CTA strides over the
+  // tiles x grid_y work items (the grid the kernel would otherwise have).
+  int64_t persistent_ctas = 0;
 };
 
 struct PlanData {

@@ -92,6 +92,11 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
       EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
       EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
+      // The Hopper forward is persistent: one CTA per SM, none idle for want of work items.
+      const LaunchShape& f = plan.data().fwd;
+      const int64_t work_items = f.tiles * plan.data().problem.num_heads_q;
+      EXPECT_EQ(f.persistent_ctas, std::min<int64_t>(fake_hopper_caps().num_sms, work_items));
+      EXPECT_EQ(plan.data().bwd.persistent_ctas, 0);
     } else {
       EXPECT_EQ(plan.path(), Path::CudaPortable);
     }

@@ -123,7 +123,8 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
   s.k = s.q + tile_bytes(c.block_m, dqk);
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
-  s.bytes = s.bars + (1 + 2 * c.stages) * 8 + kSmemAlign;
+  // q_full, q_empty, full[], empty[]; then the work-item slots (two fetched, one current)
+  s.bytes = s.bars + (2 + 2 * c.stages + 3) * 8 + kSmemAlign;
   return s;
 }
 

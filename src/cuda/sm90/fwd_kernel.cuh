@@ -1,4 +1,5 @@
-// Forward kernel of the Hopper path (sm_90a): one CTA per (query tile of a segment, query head).
+// Forward kernel of the Hopper path (sm_90a), persistent: one CTA per SM, each striding over the
+// (query tile of a segment, query head) work items, its barriers and register split set up once.
 // Warp-specialized: a producer warpgroup copies Q (cp.async) and the K/V tiles (TMA inside a
 // segment) into shared memory, a ring of K/V stages handed over with mbarriers; two consumer
 // warpgroups of 64 query rows each run wgmma with register accumulators, taking turns to issue
@@ -6,7 +7,8 @@
 //
 // The tiles and stages per head dims are config.hpp's fwd_config (D = 64, 128, 256, 192/128).
 // Per key tile n (128 keys at D = 128), in a consumer:
-//   S_n = Q K_n^T        Dqk/16 x wgmma m64n(block_n)k16, both operands from shared memory (K-major),
+//   S_n = Q K_n^T        Dqk/16 x wgmma m64n(block_n)k16, both operands from shared memory
+//                        (K-major),
 //                        issued together with P_{n-1} V_{n-1}
 //   online softmax       on the S_n registers while P_{n-1} V_{n-1} still runs on the tensor cores
 //                        (same fragment layout as mma.sync: the masking and the row statistics
@@ -33,11 +35,15 @@ namespace sm90 {
 
 using portable::FwdParams;
 
-// The kernel's parameters: the shared forward parameters and the TMA maps of K and V (boxes of
-// block_n rows, tensor_map.hpp).
+// The kernel's parameters: the shared forward parameters, the TMA maps (tensor_map.hpp) and the
+// work items' extent (the Plan's LaunchShape) and counter (the forward's workspace).
 struct FwdTmaParams {
   FwdParams p;
-  CUtensorMap k_map, v_map;
+  CUtensorMap q_map;                 // boxes of block_m rows
+  CUtensorMap k_map, v_map;          // boxes of block_n rows
+  int64_t work_tiles;                // the ragged tile map's index space (LaunchShape::tiles)
+  int heads;                         // query heads: work items = work_tiles x heads
+  unsigned long long* work_counter;  // items claimed past the first gridDim.x; zero at launch
 };
 
 template <class T, int DQK, int DV>
@@ -56,36 +62,43 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
-  uint64_t* full = q_full + 1;      // [STAGES]: a K/V tile has landed (producer arrivals)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);  // the Q tile has landed
+  uint64_t* q_empty = q_full + 1;   // both consumers' score products are done with Q
+  uint64_t* full = q_empty + 1;     // [STAGES]: a K/V tile has landed (producer arrivals)
   uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
+  // The producer's fetched work item (two slots, alternating) and the consumers' current one
+  // (-1: no more work), written under q_empty and read after q_full.
+  int64_t* fetched = reinterpret_cast<int64_t*>(empty + STAGES);  // [2]
+  int64_t* current = fetched + 2;
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
-  const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
-  if (tc.segment < 0) return;
-  const int h = blockIdx.y, hk = h / p.group;
-  const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
-  const Segment seg = w.seg;
-  const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
-
-  T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
-  float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
-  const int64_t o_stride = p.o_layout.token_stride;
-
-  if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-    for (int c = tid; c < rows * (DV / 8); c += kFwdThreads) {
-      const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
-      *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
-    }
-    for (int r = tid; r < rows; r += kFwdThreads) lse[r] = -INFINITY;
-    return;
-  }
-  const int n_first = key_lo / BN;
-  const int n_tiles = (key_hi - 1) / BN - n_first + 1;
+  // Work item wi: query head wi % heads, tile-map index work_tiles - 1 - wi / heads (a segment's
+  // last, heaviest causal tiles first; the query heads of one tile together, so the heads of a
+  // GQA group read the same K/V tiles close in time). CTA b starts with item b and then takes the
+  // next unclaimed one from the work counter (dynamic: under causal masking an item costs 1 to
+  // max_seqlen / block_n key tiles, and a fixed stride measured 25% slower on long documents).
+  // The producer fetches and hands each item inside a segment to the consumers with its Q tile
+  // (an item no row of which sees a key without one), so both sides count the same Q uses and
+  // K/V stages.
+  const int64_t work_tiles = args.work_tiles, n_work = work_tiles * args.heads;
+  struct Item {
+    portable::QueryTileWork w;
+    int h;
+    bool valid;  // false: the index falls in a gap between segments
+  };
+  auto fetch = [&](int64_t wi) {
+    Item it;
+    it.h = int(wi % args.heads);
+    const TileCoord tc = p.tiles.locate(work_tiles - 1 - wi / args.heads, p.segs.cu_q);
+    it.valid = tc.segment >= 0;
+    if (it.valid) it.w = portable::query_tile_work<BM>(p, tc);
+    return it;
+  };
 
   if (tid == 0) {
-    mbar_init(q_full, 128);
+    mbar_init(q_full, 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
+    mbar_init(q_empty, 128 * C.consumers);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 128);
       mbar_init(&empty[s], 128 * C.consumers);
@@ -94,53 +107,100 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
-    // freed it. A tile inside its segment comes by TMA (thread 0 issues one box per 64-column
-    // panel of each tensor, completing on the stage's barrier); a segment's partial last tile by cp.async with zero fill
-    // (V rows past a segment may hold anything, NaN included, and P V would carry it into O).
-    // Every thread arrives once its own copies have landed and are visible to the async proxy, so
-    // a stage's barrier completes when all 128 threads and the TMA bytes are in.
+    // ---- Producer: per work item, K/V tile i into stage g % STAGES (g counts the CTA's K/V
+    // tiles over all its items) once both consumers freed it, and Q, once the consumers' last
+    // score product of the previous item has landed (q_empty). A K/V tile inside its segment
+    // comes by TMA (thread 0 issues one box per 64-column panel of each tensor, completing on the
+    // stage's barrier); a segment's partial last tile by cp.async with zero fill (V rows past a
+    // segment may hold anything, NaN included, and P V would carry it into O). Every thread
+    // arrives once its own copies have landed and are visible to the async proxy, so a stage's
+    // barrier completes when all 128 threads and the TMA bytes are in. Q always comes by TMA,
+    // even past its segment's end: a query row's O depends on that row of Q only, and the rows
+    // past the segment are never written (past the tensor's end TMA fills zeros).
     regs_dealloc<C.producer_regs>();
     const int ptid = tid;
-    const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
-    const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
-    const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
-    const int64_t k_stride = p.k_layout.token_stride, v_stride = p.v_layout.token_stride;
-    load_tile_sw128<BM, DQK, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
-    portable::cp_async_commit();
-    for (int i = 0; i < n_tiles; ++i) {
-      const int s = i % STAGES;
-      if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
-      const int n0 = (n_first + i) * BN;
-      unsigned char* k_dst = smem + L.k + s * L.k_stage;
-      unsigned char* v_dst = smem + L.v + s * L.v_stage;
-      const bool whole = seg.len_kv - n0 >= BN;
-      if (whole) {
+    int g = 0;  // K/V tiles loaded by this CTA so far
+    int t = 0;  // work items handed to the consumers so far (the Q buffer's uses)
+    int n_fetch = 0;
+    auto next_item = [&]() {  // all 128 producer threads
+      if (ptid == 0) {
+        fetched[n_fetch & 1] =
+            n_fetch == 0 ? int64_t(blockIdx.x)
+                         : int64_t(gridDim.x) + int64_t(atomicAdd(args.work_counter, 1ull));
+      }
+      named_barrier_sync(4, 128);  // the slot is written; the other slot's last read is done
+      return fetched[(n_fetch++) & 1];
+    };
+    for (int64_t wi = next_item(); wi < n_work; wi = next_item()) {
+      const Item it = fetch(wi);
+      if (!it.valid) continue;
+      if (it.w.key_lo >= it.w.key_hi) {  // no row sees a key: the consumers write O and LSE
         if (ptid == 0) {
-          mbar_expect_tx(&full[s], uint32_t(L.k_stage + L.v_stage));
-          const int row = int(seg.kv_row0 + n0);
+          if (t > 0) mbar_wait(q_empty, (t - 1) & 1);
+          *current = wi;
+          mbar_arrive(q_full);
+        }
+        ++t;
+        continue;
+      }
+      const Segment seg = it.w.seg;
+      const int h = it.h, hk = h / p.group;
+      const int n_first = it.w.key_lo / BN;
+      const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
+      const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
+      const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
+      const int64_t k_stride = p.k_layout.token_stride, v_stride = p.v_layout.token_stride;
+      for (int i = 0; i < n_tiles; ++i, ++g) {
+        const int s = g % STAGES;
+        if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
+        const int n0 = (n_first + i) * BN;
+        unsigned char* k_dst = smem + L.k + s * L.k_stage;
+        unsigned char* v_dst = smem + L.v + s * L.v_stage;
+        const bool whole = seg.len_kv - n0 >= BN;
+        if (whole) {
+          if (ptid == 0) {
+            mbar_expect_tx(&full[s], uint32_t(L.k_stage + L.v_stage));
+            const int row = int(seg.kv_row0 + n0);
+#pragma unroll
+            for (int panel = 0; panel < DQK / 64; ++panel)
+              tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row,
+                          &full[s]);
+#pragma unroll
+            for (int panel = 0; panel < DV / 64; ++panel)
+              tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row,
+                          &full[s]);
+          }
+        } else {
+          load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride,
+                                        seg.len_kv - n0, ptid);
+          load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride,
+                                       seg.len_kv - n0, ptid);
+          portable::cp_async_commit();
+        }
+        if (i == 0 && ptid == 0) {  // Q by TMA, after the first K/V tile's copies
+          if (t > 0) mbar_wait(q_empty, (t - 1) & 1);
+          *current = wi;
+          mbar_expect_tx(q_full, uint32_t(tile_bytes(BM, DQK)));
+          const int row = int(seg.q_row0 + it.w.m0);
 #pragma unroll
           for (int panel = 0; panel < DQK / 64; ++panel)
-            tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row,
-                        &full[s]);
-#pragma unroll
-          for (int panel = 0; panel < DV / 64; ++panel)
-            tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row,
-                        &full[s]);
+            tma_load_3d(smem + L.q + panel * BM * kSwizzleBytes, &args.q_map, panel * 64, h, row,
+                        q_full);
+          mbar_arrive(q_full);
         }
-      } else {
-        load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
-                                    ptid);
-        load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
-                                    ptid);
-        portable::cp_async_commit();
+        if (!whole) {
+          portable::cp_async_wait<0>();  // this thread's copies of a partial tile have landed
+          fence_proxy_async_smem();
+        }
+        mbar_arrive(&full[s]);
       }
-      if (i == 0 || !whole) {
-        portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
-        fence_proxy_async_smem();
-      }
-      if (i == 0) mbar_arrive(q_full);
-      mbar_arrive(&full[s]);
+      ++t;
+    }
+    // No more work: the consumers find -1 with the next Q "tile".
+    if (ptid == 0) {
+      if (t > 0) mbar_wait(q_empty, (t - 1) & 1);
+      *current = -1;
+      mbar_arrive(q_full);
     }
     return;
   }
@@ -154,10 +214,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   float acc_o[OF][4];
   float row_max[2], row_sum[2];
-#pragma unroll
-  for (int f = 0; f < OF; ++f) acc_o[f][0] = acc_o[f][1] = acc_o[f][2] = acc_o[f][3] = 0.f;
-  row_max[0] = row_max[1] = -INFINITY;
-  row_sum[0] = row_sum[1] = 0.f;
+  // The current work item's segment, first row and first key tile (read by softmax).
+  Segment seg{};
+  int m0 = 0, n_first = 0;
   // This thread's rows in the CTA tile (the wgmma accumulator layout).
   const int row_a = cw * 64 + warp_in_wg * 16 + lane / 4;
 
@@ -180,11 +239,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   };
   auto issue_s = [&](int stage) {
     uint32_t q_base = q_addr;
-    if constexpr (DQK > 128) {
-      // Opaque past D = 128: otherwise the compiler keeps the KSTEPS loop-invariant Q descriptors
-      // (64 bits each) in registers across the key loop, which spills.
-      asm volatile("" : "+r"(q_base));
-    }
+    // Opaque: otherwise the compiler keeps the KSTEPS loop-invariant Q descriptors (64 bits each)
+    // in registers across the key loop, which spills (at D = 192 and 256, and at 128 once the
+    // kernel loops over work items).
+    asm volatile("" : "+r"(q_base));
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
@@ -298,59 +356,91 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       named_barrier_arrive(2, 256);
     }
   };
-  if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
+  int g = 0;  // K/V tiles consumed by this CTA so far (the producer's count)
+  for (int t = 0;; ++t) {
+    mbar_wait(q_full, t & 1);
+    const int64_t wi = *static_cast<volatile int64_t*>(current);
+    if (wi < 0) break;
+    const Item it = fetch(wi);  // inside a segment: the producer skipped the gaps
+    const int h = it.h;
+    seg = it.w.seg;
+    m0 = it.w.m0;
+    const int rows = it.w.rows;
+    T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
+    float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
+    const int64_t o_stride = p.o_layout.token_stride;
+    if (it.w.key_lo >= it.w.key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
+      const int ctid = tid - 128;
+      for (int c = ctid; c < rows * (DV / 8); c += 128 * C.consumers) {
+        const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
+        *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
+      }
+      for (int r = ctid; r < rows; r += 128 * C.consumers) lse[r] = -INFINITY;
+      mbar_arrive(q_empty);
+      continue;
+    }
+    n_first = it.w.key_lo / BN;
+    const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
+#pragma unroll
+    for (int f = 0; f < OF; ++f) acc_o[f][0] = acc_o[f][1] = acc_o[f][2] = acc_o[f][3] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
 
-  mbar_wait(q_full, 0);
-  mbar_wait(&full[0], 0);
-  my_turn();
-  wgmma_fence();
-  issue_s(0);
-  wgmma_commit();
-  pass_turn();
-  wait_products();
-  softmax(0);
-  rescale_and_pack();
-  for (int i = 1; i < n_tiles; ++i) {
-    const int stage = i % STAGES, prev = (i - 1) % STAGES;
-    mbar_wait(&full[stage], (i / STAGES) & 1);
+    if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
+    mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
     my_turn();
     wgmma_fence();
-    issue_s(stage);
-    wgmma_commit();
-    issue_pv(prev);
+    issue_s(g % STAGES);
     wgmma_commit();
     pass_turn();
-    wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
-    pin(sc);
-    softmax(i);
+    wait_products();
+    softmax(0);
+    rescale_and_pack();
+    for (int i = 1; i < n_tiles; ++i) {
+      const int gi = g + i, stage = gi % STAGES, prev = (gi - 1) % STAGES;
+      mbar_wait(&full[stage], (gi / STAGES) & 1);
+      my_turn();
+      wgmma_fence();
+      issue_s(stage);
+      wgmma_commit();
+      issue_pv(prev);
+      wgmma_commit();
+      pass_turn();
+      wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
+      pin(sc);
+      softmax(i);
+      wgmma_wait<0>();
+      pin(acc_o);
+      mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
+      rescale_and_pack();
+    }
+    mbar_arrive(q_empty);  // every score product of this item has landed: Q may be replaced
+    const int last = (g + n_tiles - 1) % STAGES;
+    my_turn();
+    wgmma_fence();
+    issue_pv(last);
+    wgmma_commit();
+    if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
     wgmma_wait<0>();
     pin(acc_o);
-    mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
-    rescale_and_pack();
-  }
-  my_turn();
-  wgmma_fence();
-  issue_pv((n_tiles - 1) % STAGES);
-  wgmma_commit();
-  if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
-  wgmma_wait<0>();
-  pin(acc_o);
-  mbar_arrive(&empty[(n_tiles - 1) % STAGES]);
+    mbar_arrive(&empty[last]);
+    g += n_tiles;
 
-  // Epilogue: normalize and write this thread's O elements; LSE in natural log.
+    // Epilogue: normalize and write this thread's O elements; LSE in natural log.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float l = portable::quad_sum(row_sum[half]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int r = row_a + 8 * half;
-    if (r < rows) {
-      T* orow = o + r * o_stride + 2 * (lane % 4);
+    for (int half = 0; half < 2; ++half) {
+      const float l = portable::quad_sum(row_sum[half]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int r = row_a + 8 * half;
+      if (r < rows) {
+        T* orow = o + r * o_stride + 2 * (lane % 4);
 #pragma unroll
-      for (int f = 0; f < OF; ++f) {
-        *reinterpret_cast<uint32_t*>(orow + f * 8) =
-            Mma::pack(acc_o[f][2 * half] * inv, acc_o[f][2 * half + 1] * inv);
+        for (int f = 0; f < OF; ++f) {
+          *reinterpret_cast<uint32_t*>(orow + f * 8) =
+              Mma::pack(acc_o[f][2 * half] * inv, acc_o[f][2 * half + 1] * inv);
+        }
+        if (lane % 4 == 0) lse[r] = l > 0.f ? row_max[half] * portable::kLn2 + logf(l) : -INFINITY;
       }
-      if (lane % 4 == 0) lse[r] = l > 0.f ? row_max[half] * portable::kLn2 + logf(l) : -INFINITY;
     }
   }
 }

@@ -31,7 +31,7 @@ cudaError_t launch(const sm90::FwdTmaParams& a, const PlanData& d, cudaStream_t 
 
 }  // namespace
 
-Status sm90_forward(const PlanData& d, const FwdTensors& t, void* /*workspace*/, void* stream) {
+Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, void* stream) {
   const Problem& pr = d.problem;
   if (pr.total_q == 0) return Status::Ok();
   if (!sm90::fwd_supports(pr.head_dim_qk, pr.head_dim_v)) {  // the Plan never sends these here
@@ -41,13 +41,25 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* /*workspace*/,
   }
   sm90::FwdTmaParams a{};
   a.p = portable::make_fwd_params(d, t);
+  a.work_tiles = d.fwd.tiles;
+  a.heads = pr.num_heads_q;
+  a.work_counter = d.fwd_ws.work_counter.in<unsigned long long>(workspace);
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(),
+                                     pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.fwd.block_m));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, pr.dtype, t.k, d.k(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, pr.dtype, t.v, d.v(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_v, d.fwd.block_n));
+  if (d.fwd.persistent_ctas <= 0 || a.work_counter == nullptr) {  // the Plan always sets both
+    return not_supported("forward", "the Hopper forward is persistent; this plan has ",
+                         d.fwd.persistent_ctas, " CTAs and no work counter");
+  }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const cudaError_t e =
-      pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(a, d, s) : launch<__half>(a, d, s);
+  // The work counter starts at zero on every call (in a captured graph: a memset node).
+  cudaError_t e = cudaMemsetAsync(a.work_counter, 0, sizeof(unsigned long long), s);
+  if (e == cudaSuccess) {
+    e = pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(a, d, s) : launch<__half>(a, d, s);
+  }
   if (e == cudaSuccess) return Status::Ok();
   return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: forward (sm90): ", cudaGetErrorName(e), ": ",
                                           cudaGetErrorString(e)));
