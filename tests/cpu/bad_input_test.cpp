@@ -381,12 +381,11 @@ TEST(BadInputs, ForwardWorkspaceMissing) {
   Call s;
   Problem p = s.problem();
   p.backend = RATTN_BACKEND_CUDA_SM90;
+#ifndef RATTN_WITH_SM90
+  GTEST_SKIP() << "this build has no Hopper path";
+#endif
   Plan plan;
   const Status made = make_plan(p, testing_util::fake_hopper_caps(), &plan);
-  if (!kBuiltWithCuda) {
-    EXPECT_EQ(made.code(), RATTN_ERROR_NOT_SUPPORTED);
-    return;
-  }
   ASSERT_TRUE(made.ok()) << made.message();
   const size_t need = plan.workspace_bytes(Direction::Forward);
   ASSERT_GT(need, 0u);

@@ -56,7 +56,9 @@ class Fixture : public ::testing::Test {
     ws_.bytes = plan_.workspace_bytes(Direction::Backward);
     CUDA_OK(cudaMalloc(&ws_.ptr, ws_.bytes));
     fwd_ws_.bytes = plan_.workspace_bytes(Direction::Forward);
-    if (fwd_ws_.bytes > 0) CUDA_OK(cudaMalloc(&fwd_ws_.ptr, fwd_ws_.bytes));
+    if (fwd_ws_.bytes > 0) {
+      CUDA_OK(cudaMalloc(&fwd_ws_.ptr, fwd_ws_.bytes));
+    }
   }
   void Upload(const verify::HostTensor& t, DeviceTensor* d) {
     d->bytes = t.bytes();
