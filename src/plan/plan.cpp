@@ -1,5 +1,4 @@
 // make_plan: validation, the path decision, tile shapes and the scratch layouts — each made once.
-#include <algorithm>
 #include <cstdio>
 
 #include "common/dtype.hpp"
@@ -80,7 +79,7 @@ void plan_fwd_workspace(PlanData* d) {
   FwdWorkspace& ws = d->fwd_ws;
   ws = FwdWorkspace{};
   size_t cursor = 0;
-  if (d->fwd.persistent_ctas > 0) ws.work_counter = take(&cursor, sizeof(unsigned long long));
+  if (d->fwd.item_ctas > 0) ws.work_counter = take(&cursor, sizeof(unsigned long long));
   ws.total = round_up(int64_t(cursor), kRegionAlign);
 }
 
@@ -172,11 +171,10 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          c.stages,
                          sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
                          RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
-    // Persistent: one CTA per SM (its shared memory allows no second), striding over the
-    // (query tile, head) work items, so a CTA's set-up is paid once and the next tile's loads
-    // overlap the current tile's last products and epilogue.
-    d->fwd.persistent_ctas =
-        std::max<int64_t>(1, std::min<int64_t>(d->caps.num_sms, d->fwd.tiles * p.num_heads_q));
+    // One CTA per SM over all (query tile, head) items for short documents, one per item for
+    // long ones: the same kernel, which takes items from a counter either way.
+    d->fwd.item_ctas =
+        sm90::fwd_ctas(d->caps.num_sms, d->fwd.tiles * p.num_heads_q, p.max_seqlen_q);
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     d->bwd = LaunchShape{KernelFamily::Wgmma,
@@ -338,8 +336,10 @@ std::string Plan::describe() const {
     s += str_cat(
         " fwd[", kernel_family_name(d.fwd.family), " ", d.fwd.block_m, "x", d.fwd.block_n, " ",
         d.fwd.threads, "thr ", d.fwd.smem_bytes / 1024, "KiB",
-        d.fwd.persistent_ctas > 0 ? str_cat(" persistent=", d.fwd.persistent_ctas) : "", "] bwd[",
-        kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
+        d.fwd.item_ctas > 0
+            ? str_cat(" ", d.fwd.item_ctas, " CTAs over ", d.fwd.tiles * p.num_heads_q, " items")
+            : "",
+        "] bwd[", kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
         d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),

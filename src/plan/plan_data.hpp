@@ -31,8 +31,8 @@ struct BwdWorkspace {
 };
 
 struct FwdWorkspace {
-  // uint64: the persistent forward's work-item counter, zeroed by the launch sequence before each
-  // kernel (LaunchShape::persistent_ctas > 0 only).
+  // uint64: the Hopper forward's work-item counter, zeroed by the launch sequence before each
+  // kernel (LaunchShape::item_ctas > 0 only).
   Region work_counter;
   size_t total = 0;
 };
@@ -54,9 +54,10 @@ struct LaunchShape {
   int stages = 1;
   size_t smem_bytes = 0;
   int64_t tiles = 0;  // the ragged tile map's index space (grid.x)
-  // > 0: a persistent kernel. Its grid is (persistent_ctas, 1), and each CTA strides over the
-  // tiles x grid_y work items (the grid the kernel would otherwise have).
-  int64_t persistent_ctas = 0;
+  // > 0: a kernel that takes the tiles x grid_y work items (the grid it would otherwise have)
+  // from a counter, its first from its CTA index. Its grid is (item_ctas, 1): one CTA per SM
+  // (persistent) or one per item (sm90::fwd_ctas decides).
+  int64_t item_ctas = 0;
 };
 
 struct PlanData {

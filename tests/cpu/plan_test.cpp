@@ -92,11 +92,10 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
       EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
       EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
-      // The Hopper forward is persistent: one CTA per SM, none idle for want of work items.
+      // Documents of 4096 tokens: the Hopper forward launches one CTA per work item.
       const LaunchShape& f = plan.data().fwd;
-      const int64_t work_items = f.tiles * plan.data().problem.num_heads_q;
-      EXPECT_EQ(f.persistent_ctas, std::min<int64_t>(fake_hopper_caps().num_sms, work_items));
-      EXPECT_EQ(plan.data().bwd.persistent_ctas, 0);
+      EXPECT_EQ(f.item_ctas, f.tiles * plan.data().problem.num_heads_q);
+      EXPECT_EQ(plan.data().bwd.item_ctas, 0);
     } else {
       EXPECT_EQ(plan.path(), Path::CudaPortable);
     }
@@ -139,6 +138,39 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
   ASSERT_TRUE(make_plan(short_docs, fake_hopper_caps(), &plan).ok());
   EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
   EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
+}
+
+TEST(PlanPath, HopperForwardIsPersistentWhereTheDocumentsAreShort) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  // Up to sm90::kPersistentMaxSeqlenQ tokens in the longest document: one CTA per SM over all
+  // work items (never more CTAs than items); above it, one CTA per item. The Plan says which.
+  const int sms = fake_hopper_caps().num_sms;
+  Problem p = long_problem(RATTN_BACKEND_CUDA_SM90);
+  p.batch = 8;  // 6000 tokens in documents of at most 1024
+  p.max_seqlen_q = p.max_seqlen_kv = sm90::kPersistentMaxSeqlenQ;
+  Plan plan;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+  const int64_t items = plan.data().fwd.tiles * p.num_heads_q;
+  ASSERT_GT(items, sms);
+  EXPECT_EQ(plan.data().fwd.item_ctas, sms);
+  EXPECT_THAT(plan.describe(),
+              HasSubstr(std::to_string(sms) + " CTAs over " + std::to_string(items) + " items]"));
+  EXPECT_EQ(plan.workspace_bytes(Direction::Forward), plan.data().fwd_ws.total);
+  EXPECT_GE(plan.data().fwd_ws.work_counter.bytes, sizeof(unsigned long long));
+
+  p.max_seqlen_q = p.max_seqlen_kv = sm90::kPersistentMaxSeqlenQ + 1;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+  EXPECT_EQ(plan.data().fwd.item_ctas, items);
+
+  // Fewer items than SMs: one CTA each, none idle.
+  Problem tiny = p;
+  tiny.batch = 1;
+  tiny.total_q = tiny.total_kv = tiny.max_seqlen_q = tiny.max_seqlen_kv = 100;
+  tiny.num_heads_q = 4;
+  tiny.num_heads_kv = 2;
+  ASSERT_TRUE(make_plan(tiny, fake_hopper_caps(), &plan).ok());
+  EXPECT_EQ(plan.data().fwd.item_ctas, plan.data().fwd.tiles * 4);
+  EXPECT_LT(plan.data().fwd.item_ctas, sms);
 }
 
 TEST(PlanPath, HeadDim64TakesTheHopperKernels) {

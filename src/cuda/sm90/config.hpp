@@ -72,12 +72,26 @@ static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128,
 
 // The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
 // forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
-// with the TMA ping-pong forward (docs/PERFORMANCE.md, 2026-11-30; 32k tokens of equal causal
-// documents, Hq 32 / Hkv 8, D 128, TFLOP/s portable against Hopper): 64 tokens 25 / 13, 128
-// 69 / 46, 256 120 / 101, 512 175 / 193, 768 204 / 261, 1024 224 / 317. Below 512 a CTA runs one
-// to four key tiles and the warp-specialized CTA's start-up is not amortized. A forced cuda_sm90
-// runs every problem it supports on the Hopper kernels in both directions.
-constexpr int kAutoMinSeqlenKv = 512;
+// (docs/PERFORMANCE.md items 18 and 24; 32k tokens of equal causal documents, Hq 32 / Hkv 8,
+// D 128, forward TFLOP/s, portable against the persistent Hopper forward): 128 tokens 69 / 55,
+// 256 119 / 120, 384 152 / 172, 512 175 / 207, 768 204 / 271. Below 384 a CTA's items have one
+// to three key tiles and the portable kernel is level or ahead. A forced cuda_sm90 runs every
+// problem it supports on the Hopper kernels in both directions.
+constexpr int kAutoMinSeqlenKv = 384;
+
+// How many CTAs the Hopper forward launches over its work_items (query tile x head) items. The
+// kernel takes its first item from its CTA index and the next ones from a counter, so the count
+// is a choice of schedule: one CTA per SM (persistent: the set-up is paid once per SM and the next
+// item's loads overlap the current one's epilogue) where the longest document has at most
+// kPersistentMaxSeqlenQ tokens, one CTA per item (the hardware's block dispatch) above it.
+// Measured on the H200 (docs/PERFORMANCE.md item 24): persistence +7-20% on documents of
+// 128-512 tokens and +13-16% on docs_short_32k, -2-4% on long documents.
+constexpr int kPersistentMaxSeqlenQ = 1024;
+inline int64_t fwd_ctas(int num_sms, int64_t work_items, int64_t max_seqlen_q) {
+  if (work_items <= 0) return 1;
+  if (max_seqlen_q > kPersistentMaxSeqlenQ) return work_items;
+  return num_sms < work_items ? int64_t(num_sms) : work_items;
+}
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {

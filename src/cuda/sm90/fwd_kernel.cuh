@@ -1,6 +1,8 @@
-// Forward kernel of the Hopper path (sm_90a), persistent: one CTA per SM, each striding over the
-// (query tile of a segment, query head) work items, its barriers and register split set up once.
-// Warp-specialized: a producer warpgroup copies Q (cp.async) and the K/V tiles (TMA inside a
+// Forward kernel of the Hopper path (sm_90a). Its CTAs take (query tile of a segment, query head)
+// work items from a counter, the first from the CTA index: one CTA per SM where the documents are
+// short (persistent: barriers and register split set up once, the next item's loads overlapping
+// the current one's epilogue), one per item where they are long (sm90::fwd_ctas).
+// Warp-specialized: a producer warpgroup copies Q (TMA) and the K/V tiles (TMA inside a
 // segment) into shared memory, a ring of K/V stages handed over with mbarriers; two consumer
 // warpgroups of 64 query rows each run wgmma with register accumulators, taking turns to issue
 // their products (ping-pong: one's softmax overlaps the other's products).
@@ -178,8 +180,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         } else {
           load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride,
                                         seg.len_kv - n0, ptid);
-          load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride,
-                                       seg.len_kv - n0, ptid);
+          load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
+                                       ptid);
           portable::cp_async_commit();
         }
         if (i == 0 && ptid == 0) {  // Q by TMA, after the first K/V tile's copies

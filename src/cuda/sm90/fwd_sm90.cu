@@ -44,15 +44,16 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
   a.work_tiles = d.fwd.tiles;
   a.heads = pr.num_heads_q;
   a.work_counter = d.fwd_ws.work_counter.in<unsigned long long>(workspace);
-  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(),
-                                     pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.fwd.block_m));
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(), pr.num_heads_q,
+                                     pr.total_q, pr.head_dim_qk, d.fwd.block_m));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, pr.dtype, t.k, d.k(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, pr.dtype, t.v, d.v(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_v, d.fwd.block_n));
-  if (d.fwd.persistent_ctas <= 0 || a.work_counter == nullptr) {  // the Plan always sets both
-    return not_supported("forward", "the Hopper forward is persistent; this plan has ",
-                         d.fwd.persistent_ctas, " CTAs and no work counter");
+  if (d.fwd.item_ctas <= 0 || a.work_counter == nullptr) {  // the Plan always sets both
+    return not_supported("forward",
+                         "the Hopper forward takes work items from a counter; this plan has ",
+                         d.fwd.item_ctas, " CTAs and no work counter");
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The work counter starts at zero on every call (in a captured graph: a memset node).
