@@ -20,6 +20,7 @@ OPS = [
     # backward dQ = dS K: dS from dS^T ([key][query], M-major), K N-major
     ("ss_m64n64k16_tab", 64, False, 1, 1),
     ("ss_m64n32k16_tab", 32, False, 1, 1),  # dQ at head dim 64 (32 columns per warpgroup)
+    ("ss_m64n128k16_tab", 128, False, 1, 1),  # dQ at head dim 256 (128 columns per warpgroup)
 ]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 

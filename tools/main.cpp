@@ -274,7 +274,7 @@ int cmd_check(const Options& o) {
       Plan plan;
       const Status s =
           make_plan(verify::make_problem(c, verify::make_layout(c, 0)), query_device(), &plan);
-      const bool hopper_dims = sm90::fwd_supports(c.dqk, c.dv) || sm90::bwd_supports(c.dqk, c.dv);
+      const bool hopper_dims = sm90::path_supports(c.dqk, c.dv);
       if (s.code() == RATTN_ERROR_NOT_SUPPORTED && !hopper_dims) {
         skipped.push_back(c.name + ": " + s.message());
       } else {

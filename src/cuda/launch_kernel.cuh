@@ -1,7 +1,7 @@
 // One kernel launch from a Plan's LaunchShape: opt in to its dynamic shared memory, then launch
-// grid (shape.tiles, grid_y) with shape.threads threads, or (shape.item_ctas, 1) for a kernel
-// that takes the same tiles x grid_y work items from a counter. Every CUDA path
-// launches through this.
+// grid (shape.tiles, grid_y) with shape.threads threads, or (shape.item_ctas, 1) for a persistent
+// kernel that takes the same tiles x grid_y work items from a counter. Every CUDA path launches
+// through this.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -143,11 +143,10 @@ std::string sm90_refusal(const Problem& p, const DeviceCaps& caps) {
   if (p.dtype == RATTN_DTYPE_FP32) {
     return "the Hopper path takes bf16 or fp16 (fp32 runs on backend cpu)";
   }
-  if (!sm90::fwd_supports(p.head_dim_qk, p.head_dim_v) &&
-      !sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
+  if (!sm90::path_supports(p.head_dim_qk, p.head_dim_v)) {
     return str_cat(
-        "the Hopper path has kernels for head dims 64/64 and 128/128 (and 192/128, "
-        "256/256 forward); given head_dim_qk=",
+        "the Hopper path has kernels for head dims 64/64, 128/128, 256/256 and 192/128; "
+        "given head_dim_qk=",
         p.head_dim_qk, ", head_dim_v=", p.head_dim_v, " (backend cuda_portable takes it)");
   }
   return "";
@@ -171,19 +170,20 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          c.stages,
                          sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
                          RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
-    // One CTA per SM over all (query tile, head) items for short documents, one per item for
-    // long ones: the same kernel, which takes items from a counter either way.
+    // The persistent kernel (one CTA per SM over all (query tile, head) items) for short
+    // documents, the grid kernel (one CTA per item) for long ones.
     d->fwd.item_ctas =
         sm90::fwd_ctas(d->caps.num_sms, d->fwd.tiles * p.num_heads_q, p.max_seqlen_q);
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
+    const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk, p.head_dim_v);
     d->bwd = LaunchShape{KernelFamily::Wgmma,
-                         sm90::kBwd.block_m,
-                         sm90::kBwd.block_n,
+                         c.block_m,
+                         c.block_n,
                          sm90::kBwdThreads,
-                         sm90::kBwd.stages,
+                         c.stages,
                          sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
-                         RaggedTiles::bound(p.total_kv, p.batch, sm90::kBwd.block_n)};
+                         RaggedTiles::bound(p.total_kv, p.batch, c.block_n)};
   }
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {

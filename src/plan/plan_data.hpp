@@ -54,9 +54,9 @@ struct LaunchShape {
   int stages = 1;
   size_t smem_bytes = 0;
   int64_t tiles = 0;  // the ragged tile map's index space (grid.x)
-  // > 0: a kernel that takes the tiles x grid_y work items (the grid it would otherwise have)
-  // from a counter, its first from its CTA index. Its grid is (item_ctas, 1): one CTA per SM
-  // (persistent) or one per item (sm90::fwd_ctas decides).
+  // > 0: a persistent kernel that takes the tiles x grid_y work items (the grid it would
+  // otherwise have) from a counter, its first from its CTA index, on a grid of (item_ctas, 1);
+  // 0: the grid kernel (sm90::fwd_ctas decides for the Hopper forward).
   int64_t item_ctas = 0;
 };
 

@@ -376,8 +376,9 @@ TEST(BadInputs, WorkspaceTooSmall) {
 }
 
 TEST(BadInputs, ForwardWorkspaceMissing) {
-  // The Hopper forward is persistent and keeps its work counter in the forward's workspace: a
-  // forward call without it is refused before anything is launched, naming what the plan needs.
+  // The persistent Hopper forward (documents of at most sm90::kPersistentMaxSeqlenQ tokens) keeps
+  // its work counter in the forward's workspace: a forward call without it is refused before
+  // anything is launched, naming what the plan needs.
   Call s;
   Problem p = s.problem();
   p.backend = RATTN_BACKEND_CUDA_SM90;

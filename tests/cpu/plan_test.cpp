@@ -92,10 +92,10 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
       EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
       EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
-      // Documents of 4096 tokens: the Hopper forward launches one CTA per work item.
-      const LaunchShape& f = plan.data().fwd;
-      EXPECT_EQ(f.item_ctas, f.tiles * plan.data().problem.num_heads_q);
+      // Documents of 4096 tokens: the Hopper forward's grid kernel, no forward workspace.
+      EXPECT_EQ(plan.data().fwd.item_ctas, 0);
       EXPECT_EQ(plan.data().bwd.item_ctas, 0);
+      EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
     } else {
       EXPECT_EQ(plan.path(), Path::CudaPortable);
     }
@@ -142,8 +142,9 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
 
 TEST(PlanPath, HopperForwardIsPersistentWhereTheDocumentsAreShort) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // Up to sm90::kPersistentMaxSeqlenQ tokens in the longest document: one CTA per SM over all
-  // work items (never more CTAs than items); above it, one CTA per item. The Plan says which.
+  // Up to sm90::kPersistentMaxSeqlenQ tokens in the longest document: the persistent kernel, one
+  // CTA per SM over all work items (never more CTAs than items), with its counter in the forward's
+  // workspace; above it, the grid kernel. The Plan says which.
   const int sms = fake_hopper_caps().num_sms;
   Problem p = long_problem(RATTN_BACKEND_CUDA_SM90);
   p.batch = 8;  // 6000 tokens in documents of at most 1024
@@ -160,7 +161,9 @@ TEST(PlanPath, HopperForwardIsPersistentWhereTheDocumentsAreShort) {
 
   p.max_seqlen_q = p.max_seqlen_kv = sm90::kPersistentMaxSeqlenQ + 1;
   ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
-  EXPECT_EQ(plan.data().fwd.item_ctas, items);
+  EXPECT_EQ(plan.data().fwd.item_ctas, 0);
+  EXPECT_THAT(plan.describe(), ::testing::Not(HasSubstr("CTAs over")));
+  EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
 
   // Fewer items than SMs: one CTA each, none idle.
   Problem tiny = p;
@@ -190,10 +193,10 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
   }
 }
 
-TEST(PlanPath, HeadDims256And192TakeTheHopperForwardAndThePortableBackward) {
+TEST(PlanPath, HeadDims256And192TakeBothHopperKernelsWithTheColumnSplitBackward) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // A head dim with a Hopper kernel in one direction only: the Hopper path runs it there and the
-  // portable kernel in the other, and says so.
+  // D = 256 and Dqk 192 / Dv 128: the Hopper forward and the column-split Hopper backward (64
+  // keys per CTA; one Q/dO stage at 256, three at 192/128), whose shared memory fits the device.
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
     for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
       Problem p = long_problem(b);
@@ -201,12 +204,43 @@ TEST(PlanPath, HeadDims256And192TakeTheHopperForwardAndThePortableBackward) {
       p.head_dim_v = dims.second;
       Plan plan;
       ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+      const sm90::BwdConfig c = sm90::bwd_config(dims.first, dims.second);
       EXPECT_EQ(plan.path(), Path::CudaSm90);
       EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
-      EXPECT_EQ(plan.data().bwd.family, KernelFamily::MmaSync);
+      EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
+      EXPECT_EQ(plan.data().bwd.block_n, 64);
+      EXPECT_EQ(plan.data().bwd.stages, c.stages);
+      EXPECT_EQ(c.stages, dims.first == 256 ? 1 : 3);
+      EXPECT_LE(plan.data().bwd.smem_bytes, size_t(fake_hopper_caps().smem_per_block_optin));
       EXPECT_THAT(plan.describe(), HasSubstr(dims.first == 256 ? "fwd[wgmma 128x64 384thr"
                                                                : "fwd[wgmma 128x128 384thr"));
-      EXPECT_THAT(plan.describe(), HasSubstr("bwd[mma.sync "));
+      EXPECT_THAT(plan.describe(), HasSubstr("bwd[wgmma 64x64 384thr"));
+    }
+  }
+}
+
+TEST(PlanPath, HopperBackwardColumnsCoverEachTensorOnce) {
+  // bwd_columns: per consumer, the columns of dK, dV and dQ it owns. Under the key split both own
+  // all of dK and dV (their own keys); under the column split the two cover each tensor once.
+  for (const auto& dims : {std::pair<int, int>{64, 64}, std::pair<int, int>{128, 128},
+                           std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
+    const int dqk = dims.first, dv = dims.second;
+    const sm90::BwdColumns a = sm90::bwd_columns(dqk, dv, 0), b = sm90::bwd_columns(dqk, dv, 1);
+    EXPECT_EQ(a.dq0, 0);
+    EXPECT_EQ(b.dq0, a.dqn);
+    EXPECT_EQ(a.dqn + b.dqn, dqk);
+    if (sm90::bwd_column_split(dqk, dv)) {
+      EXPECT_EQ(a.dkn + b.dkn, dqk);
+      EXPECT_EQ(b.dk0, a.dkn);
+      EXPECT_EQ(a.dvn + b.dvn, dv);
+      EXPECT_EQ(b.dv0, a.dvn);
+      // The same amount of dK + dV + dQ work per consumer.
+      EXPECT_EQ(a.dkn + a.dvn + a.dqn, b.dkn + b.dvn + b.dqn);
+    } else {
+      EXPECT_EQ(a.dkn, dqk);
+      EXPECT_EQ(b.dkn, dqk);
+      EXPECT_EQ(a.dvn, dv);
+      EXPECT_EQ(b.dvn, dv);
     }
   }
 }

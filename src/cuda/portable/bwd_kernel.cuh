@@ -10,6 +10,8 @@
 // Query/dO tiles are double-buffered when shared memory allows (Plan: stages).
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/portable/bwd_common.cuh"
 #include "cuda/portable/config.hpp"
 
@@ -136,37 +138,47 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
         dsum[f][e] = s_dp[qc];
       }
     const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
+    // The soft cap is a template choice of the loop (no test per element), and the mask selects
+    // the exponent (ex2(-inf) = 0) rather than the result, so no element takes a branch.
+    auto score_tile = [&](auto softcap) {
+      constexpr bool kSoftcap = decltype(softcap)::value;
 #pragma unroll
-    for (int mf = 0; mf < S_MF; ++mf)
+      for (int mf = 0; mf < S_MF; ++mf)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int kr = s_key0 + mf * 16 + lane / 4 + 8 * half;  // key row in the tile
-        const int j = n0 + kr;
-        const int i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
-        const int i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
+        for (int half = 0; half < 2; ++half) {
+          const int kr = s_key0 + mf * 16 + lane / 4 + 8 * half;  // key row in the tile
+          const int j = n0 + kr;
+          const int i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
+          const int i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
 #pragma unroll
-        for (int f = 0; f < S_NF; ++f) {
-          float pr[2], ds[2];
+          for (int f = 0; f < S_NF; ++f) {
+            float pr[2], ds[2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float x = st[mf][f][2 * half + e], dtanh = 1.f;
-            if (p.softcap > 0.f) {
-              const float t = fast_tanh(x * (p.scale / p.softcap));
-              x = t * (p.softcap * kLog2e);
-              dtanh = 1.f - t * t;
-            } else {
-              x *= p.scale_log2;
+            for (int e = 0; e < 2; ++e) {
+              float x = st[mf][f][2 * half + e], dtanh = 1.f;
+              if constexpr (kSoftcap) {
+                const float t = fast_tanh(x * (p.scale / p.softcap));
+                x = t * (p.softcap * kLog2e);
+                dtanh = 1.f - t * t;
+              } else {
+                x *= p.scale_log2;
+              }
+              const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
+              const bool vis = full || (j < seg.len_kv && i >= i_lo && i < i_hi);
+              pr[e] = fast_exp2(vis ? x - lse2[f][e] : -INFINITY);
+              ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsum[f][e]) * dtanh;
             }
-            const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
-            const bool vis = full || (j < seg.len_kv && i >= i_lo && i < i_hi);
-            pr[e] = vis ? fast_exp2(x - lse2[f][e]) : 0.f;
-            ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsum[f][e]) * dtanh;
+            const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
+            *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
+            *reinterpret_cast<uint32_t*>(sdST + kr * L.s_pitch + qc0) = Mma::pack(ds[0], ds[1]);
           }
-          const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
-          *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
-          *reinterpret_cast<uint32_t*>(sdST + kr * L.s_pitch + qc0) = Mma::pack(ds[0], ds[1]);
         }
-      }
+    };
+    if (p.softcap > 0.f) {
+      score_tile(std::true_type{});
+    } else {
+      score_tile(std::false_type{});
+    }
     __syncthreads();
 
     // dV += P^T dO and dK += dS^T Q over this step's queries.

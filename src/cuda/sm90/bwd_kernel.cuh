@@ -1,20 +1,27 @@
 // Backward main kernel of the Hopper path (sm_90a): one CTA per (key tile of a segment, KV head),
 // the portable backward's tile map and loop, with every product on wgmma. Warp-specialized:
-//   producer warpgroup (kBwd.producer_regs registers): warp 0 copies K/V once (cp.async) and the
-//     Q/dO/LSE/dot(dO,O) stages (Q and dO by TMA inside a segment) into a ring handed over with
-//     mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
+//   producer warpgroup (producer_regs registers): warp 0 copies K/V once (TMA for a whole tile)
+//     and the Q/dO/LSE/dot(dO,O) stages (Q and dO by TMA inside a segment) into a ring handed over
+//     with mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
 //     tile's turn first); warps 2-3 exit.
-//   two consumer warpgroups (kBwd.consumer_regs registers) of 64 keys each (c = 0, 1). dK and dV
-//     of those keys accumulate in registers (two m64n128 fp32 accumulators) while the CTA streams
-//     the query tiles (64 rows) of every query head of its GQA group. Per step, in warpgroup c:
-//   S^T  = K_c Q^T     8 x m64n64k16, both operands K-major in shared memory
-//   dP^T = V_c dO^T    8 x m64n64k16
+//   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
+//     bwd_config and bwd_columns say: at D = 64 and 128 (key split) each owns 64 of the CTA's 128
+//     keys and all their columns; at D = 256 and 192/128 (column split) both work on the CTA's 64
+//     keys and each owns a set of columns of dK, dV and dQ. dK and dV accumulate in registers
+//     (two fp32 accumulators, m64n(DKN) and m64n(DVN)) while the CTA streams the query tiles (64
+//     rows) of every query head of its GQA group. Per step, in warpgroup c:
+//   S^T  = K_c Q^T     m64n64k16 over the head dim, both operands K-major in shared memory
+//   dP^T = V_c dO^T    m64n64k16 over the head dim (K_c, V_c: the warpgroup's 64 keys, or the
+//                      CTA's 64 under the column split, where both warpgroups compute them)
 //   P^T, dS^T          on the registers (P^T while dP^T is in flight)
-//   dV  += P^T dO      4 x m64n128k16, P^T from registers, dO N-major in shared memory
-//   dK  += dS^T Q      4 x m64n128k16, dS^T from registers, Q N-major; the stage is released
-//   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers), a consumers' barrier
-//   dQ[:, 64c .. 64c + 63] = dS K   8 x m64n64k16 over the 128 keys, dS read M-major, K N-major
+//   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers)
+//   dV  += P^T dO      4 x m64n(DVN)k16, P^T from registers, dO N-major in shared memory
+//   dK  += dS^T Q      4 x m64n(DKN)k16, dS^T from registers, Q N-major; both in flight across
+//                      a barrier: both consumers (key split: dQ needs the other's keys) or this
+//                      one (column split: its own copy); then the stage is released
+//   dQ[:, dq0 .. dq0 + DQN) = dS K   m64n(DQN)k16 over the CTA's keys, dS read M-major,
+//                      K N-major
 //   dQ -> the shared dQ tile (the scratch's element type and row layout), handed to warp 1.
 // The consumers never wait on global memory, atomics or the deterministic turns.
 // Shared-memory tiles use the 128-byte-swizzled panel layout of config.hpp (hopper.cuh).
@@ -39,20 +46,32 @@ struct BwdTmaParams {
   CUtensorMap k_map, v_map;   // boxes of block_n rows
 };
 
-template <class T, int D>
+// acc += A B for one k16 step: A (64 x 16) from registers, B (16 x N) N-major in shared memory;
+// N is a consumer's dK or dV width (bwd_columns).
+template <class T, int N>
+__device__ __forceinline__ void accumulate_rs(float (&acc)[N / 8][4], const uint32_t (&a)[4],
+                                              uint64_t b) {
+  static_assert(N == 128 || N == 64, "dK and dV columns per warpgroup: m64n128 or m64n64");
+  if constexpr (N == 128) {
+    rs_m64n128k16_tb<T>(acc, a, b, 1);
+  } else {
+    rs_m64n64k16_tb<T>(acc, a, b, 1);
+  }
+}
+
+template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_kernel(const __grid_constant__ BwdTmaParams a) {
   const BwdParams& p = a.p;
-  constexpr int BM = kBwd.block_m, BN = kBwd.block_n;
-  constexpr int KSTEPS = D / 16;   // k16 steps over the head dim (S^T, dP^T)
+  constexpr BwdConfig C = bwd_config(DQK, DV);
+  constexpr bool SPLIT = bwd_column_split(DQK, DV);  // the consumers split columns, not keys
+  constexpr int BM = C.block_m, BN = C.block_n;
   constexpr int QSTEPS = BM / 16;  // k16 steps over the step's queries (dV, dK)
   constexpr int NSTEPS = BN / 16;  // k16 steps over the CTA's keys (dQ)
   constexpr int PANEL = 64;        // 16-bit elements per 128-byte panel row
-  constexpr BwdSmem L = bwd_smem(D, D);
-  constexpr int STAGES = kBwd.stages;
-  static_assert(D == 64 || D == 128,
-                "dK and dV are one m64nD accumulator each; dQ is two m64n(D/2) halves");
-  constexpr int DQ_COLS = D / 2;  // dQ columns per consumer warpgroup
+  constexpr BwdSmem L = bwd_smem(DQK, DV);
+  constexpr int STAGES = C.stages;
+  static_assert(bwd_supports(DQK, DV), "the head dims of bwd_columns");
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
   using Mma = portable::MmaType<T>;
   using portable::smem_addr;
@@ -74,7 +93,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   uint64_t* empty = full + STAGES;     // [STAGES]: both consumers are done with a stage
   uint64_t* dq_full = empty + STAGES;  // the consumers wrote the step's dQ tile
   uint64_t* dq_empty = dq_full + 1;    // warp 1 has read it out
-  constexpr int kConsumerThreads = 128 * kBwd.consumers;
+  constexpr int kConsumerThreads = 128 * C.consumers;
   if (tid == 0) {
     mbar_init(kv_full, 32);
     for (int s = 0; s < STAGES; ++s) {
@@ -87,7 +106,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    regs_dealloc<kBwd.producer_regs>();
+    regs_dealloc<C.producer_regs>();
     const int warp = tid / 32;
     if (warp == 0) {
       // ---- Loads: K/V once (TMA for a whole key tile), then stage `it` into buffer it % STAGES
@@ -102,19 +121,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
       if (keys == BN) {  // a whole key tile: TMA, completing on kv_full
         if (lane == 0) {
-          mbar_expect_tx(kv_full, uint32_t(2 * tile_bytes(BN, D)));
+          mbar_expect_tx(kv_full, uint32_t(tile_bytes(BN, DQK) + tile_bytes(BN, DV)));
           const int row = int(seg.kv_row0 + n0);
 #pragma unroll
-          for (int panel = 0; panel < D / PANEL; ++panel) {
+          for (int panel = 0; panel < DQK / PANEL; ++panel) {
             tma_load_3d(smem + L.k + panel * BN * kSwizzleBytes, &a.k_map, panel * PANEL, hk, row,
                         kv_full);
+          }
+#pragma unroll
+          for (int panel = 0; panel < DV / PANEL; ++panel) {
             tma_load_3d(smem + L.v + panel * BN * kSwizzleBytes, &a.v_map, panel * PANEL, hk, row,
                         kv_full);
           }
         }
       } else {  // a segment's last, partial key tile: zero fill past it
-        load_tile_sw128<BN, D, 32, 1>(smem + L.k, k, p.k_layout.token_stride, keys, lane);
-        load_tile_sw128<BN, D, 32, 1>(smem + L.v, v, p.v_layout.token_stride, keys, lane);
+        load_tile_sw128<BN, DQK, 32, 1>(smem + L.k, k, p.k_layout.token_stride, keys, lane);
+        load_tile_sw128<BN, DV, 32, 1>(smem + L.v, v, p.v_layout.token_stride, keys, lane);
         portable::cp_async_commit();
       }
       for (int it = 0; it < n_it; ++it) {
@@ -130,20 +152,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           if (lane == 0) {
             mbar_expect_tx(&full[s], uint32_t(L.q_stage + L.do_stage));
 #pragma unroll
-            for (int panel = 0; panel < D / PANEL; ++panel) {
+            for (int panel = 0; panel < DQK / PANEL; ++panel) {
               tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &a.q_map, panel * PANEL, h, int(row0),
                           &full[s]);
+            }
+#pragma unroll
+            for (int panel = 0; panel < DV / PANEL; ++panel) {
               tma_load_3d(do_dst + panel * BM * kSwizzleBytes, &a.do_map, panel * PANEL, h,
                           int(row0), &full[s]);
             }
           }
         } else {
-          load_tile_sw128<BM, D, 32, 1>(q_dst,
-                                        static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
-                                        p.q_layout.token_stride, valid, lane);
-          load_tile_sw128<BM, D, 32, 1>(do_dst,
-                                        static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
-                                        p.do_layout.token_stride, valid, lane);
+          load_tile_sw128<BM, DQK, 32, 1>(q_dst,
+                                          static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
+                                          p.q_layout.token_stride, valid, lane);
+          load_tile_sw128<BM, DV, 32, 1>(do_dst,
+                                         static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
+                                         p.do_layout.token_stride, valid, lane);
         }
         float* s_lse = reinterpret_cast<float*>(smem + L.lse + s * L.stat_stage);
         float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + s * L.stat_stage);
@@ -180,11 +205,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
         if (p.dq_accum.type == AccumType::F32) {
           bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + off, smem + L.dq,
-                          uint32_t(valid) * D * 4);
+                          uint32_t(valid) * DQK * 4);
         } else {
           // The 16-bit scratch is in the input's own format (the Plan's AccumType).
           bulk_reduce_add(static_cast<T*>(p.dq_accum_ptr) + off, smem + L.dq,
-                          uint32_t(valid) * D * 2);
+                          uint32_t(valid) * DQK * 2);
         }
         bulk_commit();
         if (lock) {
@@ -203,231 +228,282 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
 
   // ---- Consumers.
-  regs_alloc<kBwd.consumer_regs>();
+  regs_alloc<C.consumer_regs>();
   const int c = wg - 1, warp_in_wg = (tid % 128) / 32;
   const uint32_t k_addr = smem_addr(smem + L.k), v_addr = smem_addr(smem + L.v);
   const uint32_t q_addr = smem_addr(smem + L.q), do_addr = smem_addr(smem + L.d_o);
   const uint32_t ds_addr = smem_addr(smem + L.ds);
   // This thread's key rows in the CTA tile (the wgmma accumulator layout): row_a and row_a + 8.
-  const int row_a = c * 64 + warp_in_wg * 16 + lane / 4;
+  // Key split: the warpgroup's 64 keys; column split: all 64 keys of the CTA.
+  const int key0 = SPLIT ? 0 : c * 64;
+  const int row_a = key0 + warp_in_wg * 16 + lane / 4;
+  // The byte offset of a column in a [rows][dim] panel-major tile of `rows` rows (64 columns per
+  // panel).
+  auto col_offset = [](int col, int rows) {
+    return uint32_t((col / PANEL) * rows * kSwizzleBytes + (col % PANEL) * 2);
+  };
 
-  float acc_dk[D / 8][4], acc_dv[D / 8][4];
+  // The consumer's loop and epilogue for its columns (config.hpp's bwd_columns): DKN, DVN and DQN
+  // columns of dK, dV and dQ (the accumulators' widths, compile-time), from dk0, dv0 and dq0.
+  auto consume = [&](auto dk_width, auto dv_width, auto dq_width, const int dk0, const int dv0,
+                     const int dq0) {
+    constexpr int DKN = decltype(dk_width)::value, DVN = decltype(dv_width)::value,
+                  DQN = decltype(dq_width)::value;
+    float acc_dk[DKN / 8][4], acc_dv[DVN / 8][4];
 #pragma unroll
-  for (int f = 0; f < D / 8; ++f)
+    for (int f = 0; f < DKN / 8; ++f)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[f][e] = acc_dv[f][e] = 0.f;
+      for (int e = 0; e < 4; ++e) acc_dk[f][e] = 0.f;
+#pragma unroll
+    for (int f = 0; f < DVN / 8; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dv[f][e] = 0.f;
 
-  if (n_it > 0) mbar_wait(kv_full, 0);
-  for (int it = 0; it < n_it; ++it) {
-    const int buf = it % STAGES;
-    mbar_wait(&full[buf], (it / STAGES) & 1);
-    const int m0 = (m_first + it % m_count) * BM;
-    // Shared-memory bases, opaque to the compiler here: otherwise it hoists the loop-invariant
-    // operand descriptors (16 for K and V, 8 for dQ's K, 64 bits each) out of the loop and keeps
-    // them in registers that the accumulators need.
-    uint32_t k_base = k_addr, v_base = v_addr, ds_base = ds_addr + (it & 1) * uint32_t(L.ds_stage);
-    uint32_t q_buf = q_addr + buf * uint32_t(L.q_stage),
-             do_buf = do_addr + buf * uint32_t(L.do_stage);
-    asm volatile("" : "+r"(k_base), "+r"(v_base), "+r"(ds_base), "+r"(q_buf), "+r"(do_buf));
+    if (n_it > 0) mbar_wait(kv_full, 0);
+    for (int it = 0; it < n_it; ++it) {
+      const int buf = it % STAGES;
+      mbar_wait(&full[buf], (it / STAGES) & 1);
+      const int m0 = (m_first + it % m_count) * BM;
+      // dS^T buffer: key split, alternating steps (both warpgroups read both halves); column split,
+      // this warpgroup's own copy.
+      const int ds_buf = SPLIT ? c : (it & 1);
+      // Shared-memory bases, opaque to the compiler here: otherwise it hoists the loop-invariant
+      // operand descriptors (16 for K and V, 8 for dQ's K, 64 bits each) out of the loop and keeps
+      // them in registers that the accumulators need.
+      uint32_t k_base = k_addr, v_base = v_addr, ds_base = ds_addr + ds_buf * uint32_t(L.ds_stage);
+      uint32_t q_buf = q_addr + buf * uint32_t(L.q_stage),
+               do_buf = do_addr + buf * uint32_t(L.do_stage);
+      asm volatile("" : "+r"(k_base), "+r"(v_base), "+r"(ds_base), "+r"(q_buf), "+r"(do_buf));
 
-    // S^T = K_c Q^T and dP^T = V_c dO^T: [64 keys x 64 queries] each, both operands K-major:
-    // this warpgroup's 64 rows of K (V), all 64 rows of Q (dO), over the head dim's panels.
-    float st[BM / 8][4], dpt[BM / 8][4];
-    auto issue_scores = [&](float(&acc)[BM / 8][4], uint32_t keys_tile, uint32_t queries_tile) {
+      // S^T = K_c Q^T and dP^T = V_c dO^T: [64 keys x 64 queries] each, both operands K-major:
+      // 64 rows of K (V) from key0, all 64 rows of Q (dO), over the head dim's panels.
+      float st[BM / 8][4], dpt[BM / 8][4];
+      // ksteps: the k16 steps over the head dim of the operands (Dqk for S^T, Dv for dP^T),
+      // constants at both calls. (A compile-time parameter here, a generic lambda's
+      // integral_constant, crashes nvcc 13.0's front end inside the generic consume lambda.)
+      auto issue_scores = [&](int ksteps, float(&acc)[BM / 8][4], uint32_t keys_tile,
+                              uint32_t queries_tile) {
 #pragma unroll
-      for (int kk = 0; kk < KSTEPS; ++kk) {
-        const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-        ss_m64n64k16<T>(
-            acc,
-            desc_k_major(keys_tile + panel * BN * kSwizzleBytes + c * 64 * kSwizzleBytes + within),
-            desc_k_major(queries_tile + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-    };
-    wgmma_fence();
-    issue_scores(st, k_base, q_buf);    // group: S^T
-    issue_scores(dpt, v_base, do_buf);  // group: dP^T
-
-    // P^T and dS^T, packed into the register A operands of dV and dK (a[kc] holds columns
-    // 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their statistics
-    // come from the stage's shared-memory copies, one column pair at a time.
-    uint32_t a_p[QSTEPS][4], a_ds[QSTEPS][4];
-    const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
-    const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
-    const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
-    const portable::KeyRowMask km[2] = {portable::key_row_mask(p.mask, n0 + row_a, seg),
-                                        portable::key_row_mask(p.mask, n0 + row_a + 8, seg)};
-    // Two passes: the first (P^T, or tanh of the scores under a soft cap) runs while dP^T is
-    // still in flight; the second forms dS^T once it has landed.
-    auto score_tile = [&](auto softcap) {
-      constexpr bool kSoftcap = decltype(softcap)::value;
-      wgmma_wait<1>();
-      pin(st);
-#pragma unroll
-      for (int f = 0; f < BM / 8; ++f) {
-        const int qc = f * 8 + 2 * (lane % 4);
-        const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if constexpr (kSoftcap) {
-            st[f][e] = portable::capped_tanh(p, st[f][e]);
-          } else {
-            st[f][e] = portable::score_prob(p, st[f][e], (e % 2 ? lse.y : lse.x) * portable::kLog2e,
-                                            full || km[e / 2].sees(m0 + qc + e % 2));
-          }
+        for (int kk = 0; kk < ksteps; ++kk) {
+          const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+          ss_m64n64k16<T>(
+              acc,
+              desc_k_major(keys_tile + panel * BN * kSwizzleBytes + key0 * kSwizzleBytes + within),
+              desc_k_major(queries_tile + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
         }
-      }
-      wgmma_wait<0>();
-      pin(dpt);
+        wgmma_commit();
+      };
+      wgmma_fence();
+      issue_scores(DQK / 16, st, k_base, q_buf);   // group: S^T
+      issue_scores(DV / 16, dpt, v_base, do_buf);  // group: dP^T
+
+      // P^T and dS^T, packed into the register A operands of dV and dK (a[kc] holds columns
+      // 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their statistics
+      // come from the stage's shared-memory copies, one column pair at a time.
+      uint32_t a_p[QSTEPS][4], a_ds[QSTEPS][4];
+      const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
+      const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
+      const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
+      const portable::KeyRowMask km[2] = {portable::key_row_mask(p.mask, n0 + row_a, seg),
+                                          portable::key_row_mask(p.mask, n0 + row_a + 8, seg)};
+      // Two passes: the first (P^T, or tanh of the scores under a soft cap) runs while dP^T is
+      // still in flight; the second forms dS^T once it has landed.
+      auto score_tile = [&](auto softcap) {
+        constexpr bool kSoftcap = decltype(softcap)::value;
+        wgmma_wait<1>();
+        pin(st);
 #pragma unroll
-      for (int f = 0; f < BM / 8; ++f) {
-        const int qc = f * 8 + 2 * (lane % 4);
-        const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc);
-        float2 lse2 = make_float2(0.f, 0.f);
-        if constexpr (kSoftcap) {
-          lse2 = *reinterpret_cast<const float2*>(s_lse + qc);
-          lse2.x *= portable::kLog2e;
-          lse2.y *= portable::kLog2e;
-        }
+        for (int f = 0; f < BM / 8; ++f) {
+          const int qc = f * 8 + 2 * (lane % 4);
+          const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float pr[2], ds[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float dp = dpt[f][2 * half + e] - (e ? dsum.y : dsum.x);
+          for (int e = 0; e < 4; ++e) {
             if constexpr (kSoftcap) {
-              const float t = st[f][2 * half + e];
-              pr[e] = portable::capped_prob(p, t, e ? lse2.y : lse2.x,
-                                            full || km[half].sees(m0 + qc + e));
-              ds[e] = pr[e] * dp * (1.f - t * t);
+              st[f][e] = portable::capped_tanh(p, st[f][e]);
             } else {
-              pr[e] = st[f][2 * half + e];
-              ds[e] = pr[e] * dp;
+              st[f][e] =
+                  portable::score_prob(p, st[f][e], (e % 2 ? lse.y : lse.x) * portable::kLog2e,
+                                       full || km[e / 2].sees(m0 + qc + e % 2));
             }
           }
-          a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
-          a_ds[f / 2][2 * (f % 2) + half] = Mma::pack(ds[0], ds[1]);
+        }
+        wgmma_wait<0>();
+        pin(dpt);
+#pragma unroll
+        for (int f = 0; f < BM / 8; ++f) {
+          const int qc = f * 8 + 2 * (lane % 4);
+          const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc);
+          float2 lse2 = make_float2(0.f, 0.f);
+          if constexpr (kSoftcap) {
+            lse2 = *reinterpret_cast<const float2*>(s_lse + qc);
+            lse2.x *= portable::kLog2e;
+            lse2.y *= portable::kLog2e;
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float pr[2], ds[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float dp = dpt[f][2 * half + e] - (e ? dsum.y : dsum.x);
+              if constexpr (kSoftcap) {
+                const float t = st[f][2 * half + e];
+                pr[e] = portable::capped_prob(p, t, e ? lse2.y : lse2.x,
+                                              full || km[half].sees(m0 + qc + e));
+                ds[e] = pr[e] * dp * (1.f - t * t);
+              } else {
+                pr[e] = st[f][2 * half + e];
+                ds[e] = pr[e] * dp;
+              }
+            }
+            a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
+            a_ds[f / 2][2 * (f % 2) + half] = Mma::pack(ds[0], ds[1]);
+          }
+        }
+      };
+      if (p.softcap > 0.f) {
+        score_tile(std::true_type{});
+      } else {
+        score_tile(std::false_type{});
+      }
+
+      // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ: before
+      // dV and dK are issued, because a wgmma's register A operand (a_ds) may not be read by
+      // other instructions while the wgmma is in flight.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int kr = row_a + 8 * half;
+#pragma unroll
+        for (int f = 0; f < BM / 8; ++f) {
+          *reinterpret_cast<uint32_t*>(smem + L.ds + ds_buf * L.ds_stage +
+                                       swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
+              a_ds[f / 2][2 * (f % 2) + half];
         }
       }
-    };
-    if (p.softcap > 0.f) {
-      score_tile(std::true_type{});
-    } else {
-      score_tile(std::false_type{});
-    }
+      fence_proxy_async_smem();
 
-    // dV += P^T dO and dK += dS^T Q (A from registers, B N-major: its rows are this step's
-    // queries, its columns the head dim in two panels).
-    wgmma_fence();
-    auto accumulate = [&](float(&acc)[D / 8][4], const uint32_t(&a)[4], uint64_t b) {
-      if constexpr (D == 128) {
-        rs_m64n128k16_tb<T>(acc, a, b, 1);
-      } else {
-        rs_m64n64k16_tb<T>(acc, a, b, 1);
+      // dV += P^T dO and dK += dS^T Q (A from registers, B N-major: its rows are this step's
+      // queries, its columns this warpgroup's columns of dV (dK), from dv0 (dk0)), in flight
+      // while this warpgroup waits at the dS^T barrier.
+      wgmma_fence();
+#pragma unroll
+      for (int kc = 0; kc < QSTEPS; ++kc) {
+        accumulate_rs<T, DVN>(acc_dv, a_p[kc],
+                              desc_mn_major(do_buf + col_offset(dv0, BM) + kc * 16 * kSwizzleBytes,
+                                            BM * kSwizzleBytes));
       }
-    };
 #pragma unroll
-    for (int kc = 0; kc < QSTEPS; ++kc) {
-      accumulate(acc_dv, a_p[kc],
-                 desc_mn_major(do_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes));
-    }
-#pragma unroll
-    for (int kc = 0; kc < QSTEPS; ++kc) {
-      accumulate(acc_dk, a_ds[kc],
-                 desc_mn_major(q_buf + kc * 16 * kSwizzleBytes, BM * kSwizzleBytes));
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(acc_dv);
-    pin(acc_dk);
-    mbar_arrive(&empty[buf]);  // this thread's reads of the Q/dO stage are complete
-
-    // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int kr = row_a + 8 * half;
-#pragma unroll
-      for (int f = 0; f < BM / 8; ++f) {
-        *reinterpret_cast<uint32_t*>(smem + L.ds + (it & 1) * L.ds_stage +
-                                     swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
-            a_ds[f / 2][2 * (f % 2) + half];
+      for (int kc = 0; kc < QSTEPS; ++kc) {
+        accumulate_rs<T, DKN>(acc_dk, a_ds[kc],
+                              desc_mn_major(q_buf + col_offset(dk0, BM) + kc * 16 * kSwizzleBytes,
+                                            BM * kSwizzleBytes));
       }
-    }
-    fence_proxy_async_smem();
-    named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
-
-    // dQ[:, c D/2 .. (c + 1) D/2) = dS K: A = dS^T read M-major (queries contiguous), B = K's
-    // columns from c D/2 read N-major (panel c at D = 128; at D = 64 both halves share panel 0,
-    // warpgroup 1's starting 64 bytes into each row); k16 steps over the CTA's 128 keys.
-    float dq[DQ_COLS / 8][4];
-#pragma unroll
-    for (int f = 0; f < DQ_COLS / 8; ++f) dq[f][0] = dq[f][1] = dq[f][2] = dq[f][3] = 0.f;
-    wgmma_fence();
-#pragma unroll
-    for (int kc = 0; kc < NSTEPS; ++kc) {
-      const uint64_t da = desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
-      if constexpr (D == 128) {  // panel c
-        ss_m64n64k16_tab<T>(dq, da,
-                            desc_mn_major(k_base + c * BN * kSwizzleBytes + kc * 16 * kSwizzleBytes,
-                                          BN * kSwizzleBytes),
-                            kc > 0 ? 1 : 0);
-      } else {  // panel 0, 2 * DQ_COLS bytes into each row for warpgroup 1
-        ss_m64n32k16_tab<T>(
-            dq, da,
-            desc_mn_major(k_base + c * DQ_COLS * 2 + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes),
-            kc > 0 ? 1 : 0);
-      }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(dq);
-    pin(acc_dv);
-    pin(acc_dk);
-
-    // The dQ tile into shared memory, row-major in the scratch's element type (the bulk reduce's
-    // source), once warp 1 has read out the previous one.
-    if (it > 0) mbar_wait(dq_empty, (it - 1) & 1);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = warp_in_wg * 16 + lane / 4 + 8 * half;
-      const int col = c * DQ_COLS + 2 * (lane % 4);
-      if (p.dq_accum.type == AccumType::F32) {
-        float* row = reinterpret_cast<float*>(smem + L.dq) + r * D + col;
-#pragma unroll
-        for (int f = 0; f < DQ_COLS / 8; ++f) {
-          *reinterpret_cast<float2*>(row + f * 8) =
-              make_float2(dq[f][2 * half], dq[f][2 * half + 1]);
+      wgmma_commit();
+      if constexpr (SPLIT) {
+        // This warpgroup's dS^T rows are in (its own copy). Constant ids: a computed one makes
+        // ptxas reserve all 16.
+        if (c == 0) {
+          named_barrier_sync(2, 128);
+        } else {
+          named_barrier_sync(3, 128);
         }
       } else {
-        T* row = reinterpret_cast<T*>(smem + L.dq) + r * D + col;
+        named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
+      }
+      // dV and dK land before dQ is issued: their register operands (P^T, dS^T) die here, so
+      // dQ's accumulators do not add to the live registers.
+      wgmma_wait<0>();
+      pin(acc_dv);
+      pin(acc_dk);
+      mbar_arrive(&empty[buf]);  // this thread's reads of the Q/dO stage are complete
+
+      // dQ[:, dq0 .. dq0 + DQN) = dS K: A = dS^T read M-major (queries contiguous), B = K's
+      // columns from dq0 read N-major (D = 64: both halves in panel 0, warpgroup 1's starting 64
+      // bytes into each row; otherwise whole panels); k16 steps over the CTA's keys.
+      float dq[DQN / 8][4];
 #pragma unroll
-        for (int f = 0; f < DQ_COLS / 8; ++f) {
-          *reinterpret_cast<uint32_t*>(row + f * 8) =
-              Mma::pack(dq[f][2 * half], dq[f][2 * half + 1]);
+      for (int f = 0; f < DQN / 8; ++f) dq[f][0] = dq[f][1] = dq[f][2] = dq[f][3] = 0.f;
+      const uint32_t k_cols = k_base + col_offset(dq0, BN);
+      wgmma_fence();
+#pragma unroll
+      for (int kc = 0; kc < NSTEPS; ++kc) {
+        const uint64_t da = desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
+        const uint64_t db = desc_mn_major(k_cols + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
+        if constexpr (DQN == 128) {
+          ss_m64n128k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+        } else if constexpr (DQN == 64) {
+          ss_m64n64k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+        } else {
+          ss_m64n32k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+      pin(acc_dv);
+      pin(acc_dk);
+
+      // The dQ tile into shared memory, row-major in the scratch's element type (the bulk reduce's
+      // source), once warp 1 has read out the previous one.
+      if (it > 0) mbar_wait(dq_empty, (it - 1) & 1);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = warp_in_wg * 16 + lane / 4 + 8 * half;
+        const int col = dq0 + 2 * (lane % 4);
+        if (p.dq_accum.type == AccumType::F32) {
+          float* row = reinterpret_cast<float*>(smem + L.dq) + r * DQK + col;
+#pragma unroll
+          for (int f = 0; f < DQN / 8; ++f) {
+            *reinterpret_cast<float2*>(row + f * 8) =
+                make_float2(dq[f][2 * half], dq[f][2 * half + 1]);
+          }
+        } else {
+          T* row = reinterpret_cast<T*>(smem + L.dq) + r * DQK + col;
+#pragma unroll
+          for (int f = 0; f < DQN / 8; ++f) {
+            *reinterpret_cast<uint32_t*>(row + f * 8) =
+                Mma::pack(dq[f][2 * half], dq[f][2 * half + 1]);
+          }
+        }
+      }
+      fence_proxy_async_smem();  // visible to the bulk reduce (async proxy)
+      mbar_arrive(dq_full);
+    }
+
+    // Epilogue: dK (times the softmax scale) and dV of this thread's keys (and, under the column
+    // split, its warpgroup's columns).
+    T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
+    T* dv = static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row_a + 8 * half;
+      if (r < keys) {
+        T* dkrow = dk + r * p.dk_layout.token_stride + dk0 + 2 * (lane % 4);
+        T* dvrow = dv + r * p.dv_layout.token_stride + dv0 + 2 * (lane % 4);
+#pragma unroll
+        for (int f = 0; f < DKN / 8; ++f) {
+          *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
+              Mma::pack(acc_dk[f][2 * half] * p.scale, acc_dk[f][2 * half + 1] * p.scale);
+        }
+#pragma unroll
+        for (int f = 0; f < DVN / 8; ++f) {
+          *reinterpret_cast<uint32_t*>(dvrow + f * 8) =
+              Mma::pack(acc_dv[f][2 * half], acc_dv[f][2 * half + 1]);
         }
       }
     }
-    fence_proxy_async_smem();  // visible to the bulk reduce (async proxy)
-    mbar_arrive(dq_full);
-  }
-
-  // Epilogue: dK (times the softmax scale) and dV of this thread's keys.
-  T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
-  T* dv = static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = row_a + 8 * half;
-    if (r < keys) {
-      T* dkrow = dk + r * p.dk_layout.token_stride + 2 * (lane % 4);
-      T* dvrow = dv + r * p.dv_layout.token_stride + 2 * (lane % 4);
-#pragma unroll
-      for (int f = 0; f < D / 8; ++f) {
-        *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
-            Mma::pack(acc_dk[f][2 * half] * p.scale, acc_dk[f][2 * half + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dvrow + f * 8) =
-            Mma::pack(acc_dv[f][2 * half], acc_dv[f][2 * half + 1]);
-      }
-    }
+  };
+  using std::integral_constant;
+  constexpr BwdColumns c0 = bwd_columns(DQK, DV, 0), c1 = bwd_columns(DQK, DV, 1);
+  if constexpr (bwd_columns_symmetric(DQK, DV)) {
+    const BwdColumns mine = bwd_columns(DQK, DV, c);
+    consume(integral_constant<int, c0.dkn>{}, integral_constant<int, c0.dvn>{},
+            integral_constant<int, c0.dqn>{}, mine.dk0, mine.dv0, mine.dq0);
+  } else if (c == 0) {
+    consume(integral_constant<int, c0.dkn>{}, integral_constant<int, c0.dvn>{},
+            integral_constant<int, c0.dqn>{}, c0.dk0, c0.dv0, c0.dq0);
+  } else {
+    consume(integral_constant<int, c1.dkn>{}, integral_constant<int, c1.dvn>{},
+            integral_constant<int, c1.dqn>{}, c1.dk0, c1.dv0, c1.dq0);
   }
 }
 

@@ -22,10 +22,18 @@ cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d,
                          const sm90::BwdTmaParams& maps, cudaStream_t s) {
   sm90::BwdTmaParams a = maps;
   a.p = p;
-  // The instantiations: bf16 and fp16 at head dims 64 and 128 (sm90::bwd_supports).
-  return d.problem.head_dim_qk == 64
-             ? launch_kernel(sm90::bwd_kernel<T, 64>, d.bwd, d.problem.num_heads_kv, a, s)
-             : launch_kernel(sm90::bwd_kernel<T, 128>, d.bwd, d.problem.num_heads_kv, a, s);
+  // The instantiations: bf16 and fp16 at head dims 64, 128, 256 and 192/128
+  // (sm90::bwd_supports).
+  switch (d.problem.head_dim_qk) {
+    case 64:
+      return launch_kernel(sm90::bwd_kernel<T, 64, 64>, d.bwd, d.problem.num_heads_kv, a, s);
+    case 128:
+      return launch_kernel(sm90::bwd_kernel<T, 128, 128>, d.bwd, d.problem.num_heads_kv, a, s);
+    case 192:
+      return launch_kernel(sm90::bwd_kernel<T, 192, 128>, d.bwd, d.problem.num_heads_kv, a, s);
+    default:
+      return launch_kernel(sm90::bwd_kernel<T, 256, 256>, d.bwd, d.problem.num_heads_kv, a, s);
+  }
 }
 
 cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* ctx,
@@ -40,8 +48,9 @@ cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* 
 Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
   const Problem& pr = d.problem;
   // The Plan never sends other shapes here; the kernel's tile is the Plan's (config.hpp).
-  if (!sm90::bwd_supports(pr.head_dim_qk, pr.head_dim_v) || d.bwd.block_m != sm90::kBwd.block_m ||
-      d.bwd.block_n != sm90::kBwd.block_n) {
+  if (!sm90::bwd_supports(pr.head_dim_qk, pr.head_dim_v) ||
+      d.bwd.block_m != sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v).block_m ||
+      d.bwd.block_n != sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v).block_n) {
     return not_supported(
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
         ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n);

@@ -79,17 +79,17 @@ static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128,
 // problem it supports on the Hopper kernels in both directions.
 constexpr int kAutoMinSeqlenKv = 384;
 
-// How many CTAs the Hopper forward launches over its work_items (query tile x head) items. The
-// kernel takes its first item from its CTA index and the next ones from a counter, so the count
-// is a choice of schedule: one CTA per SM (persistent: the set-up is paid once per SM and the next
-// item's loads overlap the current one's epilogue) where the longest document has at most
-// kPersistentMaxSeqlenQ tokens, one CTA per item (the hardware's block dispatch) above it.
-// Measured on the H200 (docs/PERFORMANCE.md item 24): persistence +7-20% on documents of
-// 128-512 tokens and +13-16% on docs_short_32k, -2-4% on long documents.
+// The Hopper forward's schedule (LaunchShape::item_ctas): 0 for the grid kernel (one CTA per
+// query tile x head, the hardware's block dispatch), or the CTA count of the persistent kernel
+// (one CTA per SM over work_items items, the first from its CTA index, the rest from a counter).
+// Persistent where the longest document has at most kPersistentMaxSeqlenQ tokens: the set-up is
+// then paid once per SM and the next item's loads overlap the current one's epilogue. Measured on
+// the H200 (docs/PERFORMANCE.md items 24 and 27): persistence +7-20% on documents of 128-512
+// tokens and +13-16% on docs_short_32k; on long documents the persistent kernel, and the same
+// kernel with one CTA per item, lost 2-7%, hence the grid kernel there.
 constexpr int kPersistentMaxSeqlenQ = 1024;
 inline int64_t fwd_ctas(int num_sms, int64_t work_items, int64_t max_seqlen_q) {
-  if (work_items <= 0) return 1;
-  if (max_seqlen_q > kPersistentMaxSeqlenQ) return work_items;
+  if (max_seqlen_q > kPersistentMaxSeqlenQ || work_items <= 0) return 0;
   return num_sms < work_items ? int64_t(num_sms) : work_items;
 }
 
@@ -105,22 +105,89 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
   return size_t(rows) * size_t(dim) * 2;
 }
 
-// Backward: a CTA owns block_n = 128 keys of one KV head (dK and dV accumulate in registers for
-// the CTA's life, so GQA needs no reduction: the CTA loops over the query heads of its group) and
+// Backward: a CTA owns block_n keys of one KV head (dK and dV accumulate in registers for the
+// CTA's life, so GQA needs no reduction: the CTA loops over the query heads of its group) and
 // streams block_m = 64 query rows per step. Warp-specialized like the forward: a producer
 // warpgroup (warp 0 copies K/V once and the Q/dO/LSE/dot(dO,O) ring, Q and dO by TMA; warp 1 adds
 // each step's dQ tile into the scratch with one bulk reduce from shared memory) and two consumer
-// warpgroups of 64 keys each (the M of one wgmma) that never wait on global memory or atomics.
-constexpr BwdConfig kBwd{64, 128, 2, 3, 32, 232};
+// warpgroups that never wait on global memory or atomics. How the consumers share the work:
+//   - D = 64 and 128 (key split): 128 keys, 64 per consumer (the M of one wgmma); each computes
+//     the scores of its keys, and dS^T goes through shared memory to both for dQ, whose columns
+//     they split. Three Q/dO stages.
+//   - D = 256 and Dqk 192 / Dv 128 (column split): 64 keys, whose dK and dV (64 x 256 fp32 each
+//     at D = 256) do not fit one warpgroup's registers, so the consumers split their columns
+//     (bwd_columns): both compute the full S^T and dP^T of the 64 keys (the same products twice,
+//     40% more matrix work than the minimum at D = 256, against an exchange through shared
+//     memory), then each its columns of dV, dK and dQ, from its own dS^T copy. Stages: one at
+//     D = 256 (K and V 64 KiB, a stage 64 KiB, the fp32 dQ tile 64 KiB and two dS^T copies
+//     16 KiB take 208 KiB of 227), three at 192/128.
+RATTN_HD constexpr bool bwd_column_split(int dqk, int dv) {
+  return (dqk == 256 && dv == 256) || (dqk == 192 && dv == 128);
+}
+RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv) {
+  return !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}
+         : dqk == 256               ? BwdConfig{64, 64, 2, 1, 32, 232}
+                                    : BwdConfig{64, 64, 2, 3, 32, 232};
+}
+constexpr BwdConfig kBwd = bwd_config(128, 128);
+constexpr BwdConfig kBwdColumnSplit = bwd_config(256, 256);
 constexpr int kBwdThreads = ws_threads(kBwd);
-static_assert(kBwd.block_n == 64 * kBwd.consumers, "one wgmma M of keys per consumer warpgroup");
-static_assert(fits_register_pool(kBwd),
+static_assert(ws_threads(kBwdColumnSplit) == kBwdThreads &&
+                  ws_threads(bwd_config(192, 128)) == kBwdThreads,
+              "one thread count for the backward");
+static_assert(kBwd.block_n == 64 * kBwd.consumers, "key split: one wgmma M of keys per consumer");
+static_assert(kBwdColumnSplit.block_n == 64 && kBwdColumnSplit.consumers == 2,
+              "column split: one wgmma M of keys, two sets of columns");
+static_assert(fits_register_pool(kBwd) && fits_register_pool(kBwdColumnSplit),
               "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The head dims the Hopper backward is built for.
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
-  return dqk == dv && (dqk == 64 || dqk == 128);
+  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
 }
+
+// The head dims the Hopper path takes: a Hopper kernel in either direction (the other direction
+// runs the portable kernel). The Plan's refusal, `check`'s skip list and the GPU suites ask this.
+RATTN_HD constexpr bool path_supports(int dqk, int dv) {
+  return fwd_supports(dqk, dv) || bwd_supports(dqk, dv);
+}
+// Consumer c's columns of dK, dV and dQ: the first and how many (a wgmma N: 32, 64 or 128). Key
+// split: all of dK and dV (its own keys), half of dQ. Column split at 256: halves of each. At
+// 192/128, whole 64-column panels, balanced in total: consumer 0 dK [0, 128), dV [0, 64), dQ
+// [0, 64); consumer 1 dK [128, 192), dV [64, 128), dQ [64, 192).
+struct BwdColumns {
+  int dk0, dkn, dv0, dvn, dq0, dqn;
+};
+RATTN_HD constexpr BwdColumns bwd_columns(int dqk, int dv, int c) {
+  if (!bwd_column_split(dqk, dv)) return {0, dqk, 0, dv, c * dqk / 2, dqk / 2};
+  if (dqk == 256) return {128 * c, 128, 128 * c, 128, 128 * c, 128};
+  return c == 0 ? BwdColumns{0, 128, 0, 64, 0, 64} : BwdColumns{128, 64, 64, 64, 64, 128};
+}
+// Both consumers have the same widths (one instantiation of the consumer loop).
+RATTN_HD constexpr bool bwd_columns_symmetric(int dqk, int dv) {
+  return bwd_columns(dqk, dv, 0).dkn == bwd_columns(dqk, dv, 1).dkn &&
+         bwd_columns(dqk, dv, 0).dvn == bwd_columns(dqk, dv, 1).dvn &&
+         bwd_columns(dqk, dv, 0).dqn == bwd_columns(dqk, dv, 1).dqn;
+}
+// The two consumers' columns cover each tensor once, in wgmma widths.
+RATTN_HD constexpr bool wgmma_width_ok(int n) {
+  return n == 32 || n == 64 || n == 128;
+}
+RATTN_HD constexpr bool bwd_columns_ok(int dqk, int dv) {
+  const BwdColumns a = bwd_columns(dqk, dv, 0), b = bwd_columns(dqk, dv, 1);
+  const bool split = bwd_column_split(dqk, dv);
+  const bool dk_ok = split ? (a.dk0 == 0 && b.dk0 == a.dkn && a.dkn + b.dkn == dqk)
+                           : (a.dk0 == 0 && b.dk0 == 0 && a.dkn == dqk && b.dkn == dqk);
+  const bool dv_ok = split ? (a.dv0 == 0 && b.dv0 == a.dvn && a.dvn + b.dvn == dv)
+                           : (a.dv0 == 0 && b.dv0 == 0 && a.dvn == dv && b.dvn == dv);
+  const bool dq_ok = a.dq0 == 0 && b.dq0 == a.dqn && a.dqn + b.dqn == dqk;
+  return dk_ok && dv_ok && dq_ok && wgmma_width_ok(a.dqn) && wgmma_width_ok(b.dqn) &&
+         (!split || (wgmma_width_ok(a.dkn) && wgmma_width_ok(b.dkn) && wgmma_width_ok(a.dvn) &&
+                     wgmma_width_ok(b.dvn)));
+}
+static_assert(bwd_columns_ok(64, 64) && bwd_columns_ok(128, 128) && bwd_columns_ok(256, 256) &&
+                  bwd_columns_ok(192, 128),
+              "each consumer's columns in wgmma widths, the two covering each tensor once");
 
 struct FwdSmem {
   size_t q, k, v;  // byte offsets from the 1024-aligned base
@@ -143,35 +210,41 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
 }
 
 // Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; dS^T
-// ([key][query], the A operand of dQ = dS K read M-major) in two buffers, handing the score
-// gradient from the warpgroup that computed it (its 64 keys) to both (each computes half of dQ's
-// columns); the dQ tile in the scratch's own element type and row-major layout (the source of the
-// bulk reduce); the mbarriers.
+// ([key][query], the A operand of dQ = dS K read M-major) in two buffers: under the key split
+// alternating steps, handing the score gradient from the warpgroup that computed it (its 64 keys)
+// to both; under the column split one per consumer (each computed all of it); the dQ tile in the
+// scratch's own element type and row-major layout (the source of the bulk reduce); the mbarriers.
 struct BwdSmem {
   size_t k, v, q, d_o, ds, dq, lse, dpsum, bars;  // byte offsets from the 1024-aligned base
   size_t q_stage, do_stage, ds_stage, stat_stage;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
 // mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty.
-constexpr int kBwdBarriers = 1 + 2 * kBwd.stages + 2;
+RATTN_HD constexpr int bwd_barriers(int stages) {
+  return 1 + 2 * stages + 2;
+}
 RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
+  const BwdConfig c = bwd_config(dqk, dv);
   BwdSmem s{};
-  s.q_stage = tile_bytes(kBwd.block_m, dqk);
-  s.do_stage = tile_bytes(kBwd.block_m, dv);
-  s.ds_stage = tile_bytes(kBwd.block_n, kBwd.block_m);
-  s.stat_stage = size_t(kBwd.block_m) * 4;
+  s.q_stage = tile_bytes(c.block_m, dqk);
+  s.do_stage = tile_bytes(c.block_m, dv);
+  s.ds_stage = tile_bytes(c.block_n, c.block_m);
+  s.stat_stage = size_t(c.block_m) * 4;
   s.k = 0;
-  s.v = s.k + tile_bytes(kBwd.block_n, dqk);
-  s.q = s.v + tile_bytes(kBwd.block_n, dv);
-  s.d_o = s.q + kBwd.stages * s.q_stage;
-  s.ds = s.d_o + kBwd.stages * s.do_stage;
+  s.v = s.k + tile_bytes(c.block_n, dqk);
+  s.q = s.v + tile_bytes(c.block_n, dv);
+  s.d_o = s.q + c.stages * s.q_stage;
+  s.ds = s.d_o + c.stages * s.do_stage;
   s.dq = s.ds + 2 * s.ds_stage;
-  s.lse = s.dq + size_t(kBwd.block_m) * dqk * 4;  // fp32 at most
-  s.dpsum = s.lse + kBwd.stages * s.stat_stage;
-  s.bars = s.dpsum + kBwd.stages * s.stat_stage;
-  s.bytes = s.bars + kBwdBarriers * 8 + kSmemAlign;
+  s.lse = s.dq + size_t(c.block_m) * dqk * 4;  // fp32 at most
+  s.dpsum = s.lse + c.stages * s.stat_stage;
+  s.bars = s.dpsum + c.stages * s.stat_stage;
+  s.bytes = s.bars + bwd_barriers(c.stages) * 8 + kSmemAlign;
   return s;
 }
+static_assert(bwd_smem(128, 128).bytes <= 227 * 1024 && bwd_smem(256, 256).bytes <= 227 * 1024 &&
+                  bwd_smem(192, 128).bytes <= 227 * 1024,
+              "the backward's shared memory fits the opt-in limit of sm_90");
 
 }  // namespace sm90
 }  // namespace raggedattn

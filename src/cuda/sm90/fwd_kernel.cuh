@@ -1,17 +1,21 @@
-// Forward kernel of the Hopper path (sm_90a). Its CTAs take (query tile of a segment, query head)
-// work items from a counter, the first from the CTA index: one CTA per SM where the documents are
-// short (persistent: barriers and register split set up once, the next item's loads overlapping
-// the current one's epilogue), one per item where they are long (sm90::fwd_ctas).
-// Warp-specialized: a producer warpgroup copies Q (TMA) and the K/V tiles (TMA inside a
-// segment) into shared memory, a ring of K/V stages handed over with mbarriers; two consumer
-// warpgroups of 64 query rows each run wgmma with register accumulators, taking turns to issue
-// their products (ping-pong: one's softmax overlaps the other's products).
+// Forward kernels of the Hopper path (sm_90a), two schedules over the same work items (query
+// tile of a segment, query head) and the same consumer code (fwd_consume):
+//   fwd_kernel             one CTA per item, grid (tiles, heads): the hardware's block dispatch.
+//                          The Plan's choice where documents are long.
+//   fwd_persistent_kernel  one CTA per SM taking items from a counter (its first from its CTA
+//                          index): barriers and register split set up once per SM, the next
+//                          item's loads overlapping the current one's last product and epilogue.
+//                          The Plan's choice where the longest document is short
+//                          (sm90::fwd_ctas).
+// Warp-specialized: a producer warpgroup copies Q and the K/V tiles (TMA inside a segment) into
+// shared memory, a ring of K/V stages handed over with mbarriers; two consumer warpgroups of 64
+// query rows each run wgmma with register accumulators, taking turns to issue their products
+// (ping-pong: one's softmax overlaps the other's products).
 //
 // The tiles and stages per head dims are config.hpp's fwd_config (D = 64, 128, 256, 192/128).
 // Per key tile n (128 keys at D = 128), in a consumer:
 //   S_n = Q K_n^T        Dqk/16 x wgmma m64n(block_n)k16, both operands from shared memory
-//                        (K-major),
-//                        issued together with P_{n-1} V_{n-1}
+//                        (K-major), issued together with P_{n-1} V_{n-1}
 //   online softmax       on the S_n registers while P_{n-1} V_{n-1} still runs on the tensor cores
 //                        (same fragment layout as mma.sync: the masking and the row statistics
 //                        are the portable kernel's); O's rescale is deferred until that product
@@ -37,21 +41,28 @@ namespace sm90 {
 
 using portable::FwdParams;
 
-// The kernel's parameters: the shared forward parameters, the TMA maps (tensor_map.hpp) and the
-// work items' extent (the Plan's LaunchShape) and counter (the forward's workspace).
+// The kernels' parameters: the shared forward parameters, the TMA maps (tensor_map.hpp) and, for
+// the persistent kernel, the work items' extent (the Plan's LaunchShape) and counter (the
+// forward's workspace).
 struct FwdTmaParams {
   FwdParams p;
-  CUtensorMap q_map;                 // boxes of block_m rows
+  CUtensorMap q_map;                 // boxes of block_m rows (the persistent kernel's Q)
   CUtensorMap k_map, v_map;          // boxes of block_n rows
   int64_t work_tiles;                // the ragged tile map's index space (LaunchShape::tiles)
   int heads;                         // query heads: work items = work_tiles x heads
   unsigned long long* work_counter;  // items claimed past the first gridDim.x; zero at launch
 };
 
-template <class T, int DQK, int DV>
-__global__ void __launch_bounds__(kFwdThreads, 1)
-    fwd_kernel(const __grid_constant__ FwdTmaParams args) {
-  const FwdParams& p = args.p;
+// A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
+// head h) with Q in shared memory: the key loop over the item's K/V tiles, which are the CTA's
+// K/V tiles g, g + 1, ... (stage (g + i) % STAGES), then O and LSE. kPersistent: arrive on q_empty
+// once the item's last score product has landed (the producer may then replace Q), and keep the
+// Q address opaque at every head dim (the item loop around this otherwise spills at D = 128).
+// Returns the number of K/V tiles consumed.
+template <class T, int DQK, int DV, bool kPersistent>
+__device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* smem,
+                                           const portable::QueryTileWork& w, int h, int g,
+                                           uint64_t* full, uint64_t* empty, uint64_t* q_empty) {
   constexpr FwdConfig C = fwd_config(DQK, DV);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
   constexpr int NF = BN / 8;  // n8 fragments of a score row block
@@ -61,6 +72,345 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   static_assert(DV == 64 || DV == 128 || DV == 256, "P V is one m64nDV instruction per 16 keys");
   static_assert(BN == 64 || BN == 128, "S is one m64n(BN) instruction per 16 head-dim columns");
   using Mma = portable::MmaType<T>;
+
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int cw = tid / 128 - 1, warp_in_wg = (tid % 128) / 32;
+  const uint32_t q_addr = portable::smem_addr(smem + L.q);
+  const uint32_t k_addr = portable::smem_addr(smem + L.k);
+  const uint32_t v_addr = portable::smem_addr(smem + L.v);
+  const Segment seg = w.seg;
+  const int m0 = w.m0, rows = w.rows;
+  const int n_first = w.key_lo / BN;
+  const int n_tiles = (w.key_hi - 1) / BN - n_first + 1;
+  T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
+  float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
+  const int64_t o_stride = p.o_layout.token_stride;
+
+  float acc_o[OF][4];
+  float row_max[2], row_sum[2];
+#pragma unroll
+  for (int f = 0; f < OF; ++f) acc_o[f][0] = acc_o[f][1] = acc_o[f][2] = acc_o[f][3] = 0.f;
+  row_max[0] = row_max[1] = -INFINITY;
+  row_sum[0] = row_sum[1] = 0.f;
+  // This thread's rows in the CTA tile (the wgmma accumulator layout).
+  const int row_a = cw * 64 + warp_in_wg * 16 + lane / 4;
+
+  uint32_t a[BN / 16][4];  // P of the current tile, the register A operand of P V
+  float sc[NF][4];
+  auto issue_pv = [&](int stage) {
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      const uint64_t db = desc_mn_major(
+          v_addr + stage * uint32_t(L.v_stage) + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
+      if constexpr (DV == 256) {
+        rs_m64n256k16_tb<T>(acc_o, a[kc], db, 1);
+      } else if constexpr (DV == 128) {
+        rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
+      } else {
+        rs_m64n64k16_tb<T>(acc_o, a[kc], db, 1);
+      }
+    }
+  };
+  auto issue_s = [&](int stage) {
+    uint32_t q_base = q_addr;
+    if constexpr (kPersistent || DQK > 128) {
+      // Opaque past D = 128 (and in the persistent kernel): otherwise the compiler keeps the
+      // KSTEPS loop-invariant Q descriptors (64 bits each) in registers across the key loop,
+      // which spills.
+      asm volatile("" : "+r"(q_base));
+    }
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+      const uint64_t da =
+          desc_k_major(q_base + panel * BM * kSwizzleBytes + cw * 64 * kSwizzleBytes + within);
+      const uint64_t db =
+          desc_k_major(k_addr + stage * uint32_t(L.k_stage) + panel * BN * kSwizzleBytes + within);
+      if constexpr (BN == 128) {
+        ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      } else {
+        ss_m64n64k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      }
+    }
+  };
+  auto wait_products = [&]() {
+    wgmma_wait<0>();
+    pin(sc);
+    pin(acc_o);
+  };
+  // Scale, mask, online softmax of S_i: P_i in place of the scores, the row statistics updated,
+  // and alpha, the factor O must be rescaled by before P_i V_i is added (applied by the caller:
+  // O may still be in flight in P_{i-1} V_{i-1} meanwhile).
+  float alpha[2];
+  auto softmax = [&](int i) {
+    const int n0 = (n_first + i) * BN;
+    if (p.softcap > 0.f) {
+      const float pre = p.scale / p.softcap, post = p.softcap * portable::kLog2e;
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[f][e] = portable::fast_tanh(sc[f][e] * pre) * post;
+    } else {
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[f][e] *= p.scale_log2;
+    }
+    if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i_row = m0 + row_a + 8 * half;
+        const int lo = p.mask.key_begin(i_row, seg.len_q, seg.len_kv);
+        const int hi = p.mask.key_end(i_row, seg.len_q, seg.len_kv);
+#pragma unroll
+        for (int f = 0; f < NF; ++f)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = n0 + f * 8 + 2 * (lane % 4) + e;
+            if (j < lo || j >= hi) sc[f][2 * half + e] = -INFINITY;
+          }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = row_max[half];
+#pragma unroll
+      for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
+      mx = portable::quad_max(mx);
+      const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
+      alpha[half] = portable::fast_exp2(row_max[half] - base);
+      row_max[half] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pr = portable::fast_exp2(sc[f][2 * half + e] - base);
+          sc[f][2 * half + e] = pr;
+          sum += pr;
+        }
+      row_sum[half] = row_sum[half] * alpha[half] + sum;
+    }
+  };
+  auto rescale_and_pack = [&]() {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int f = 0; f < OF; ++f) {
+        acc_o[f][2 * half] *= alpha[half];
+        acc_o[f][2 * half + 1] *= alpha[half];
+      }
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      a[kc][0] = Mma::pack(sc[2 * kc][0], sc[2 * kc][1]);
+      a[kc][1] = Mma::pack(sc[2 * kc][2], sc[2 * kc][3]);
+      a[kc][2] = Mma::pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
+      a[kc][3] = Mma::pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
+    }
+  };
+  // Tile 0's scores and softmax; then per tile i >= 1: S_i and P_{i-1} V_{i-1} issued together,
+  // the softmax of S_i while P_{i-1} V_{i-1} still runs on the tensor cores, then O rescaled and
+  // P_i packed once it has landed. One score tile is live at a time.
+  // Ping-pong between the two consumers (FlashAttention-3's inter-warpgroup schedule): a
+  // consumer issues its products only in its turn (barrier 2 + its index, completed by the other
+  // consumer's arrival) and hands the turn over right after issuing, so one consumer's softmax
+  // runs while the other's products occupy the tensor cores. Each consumer has n_tiles + 1 issue
+  // phases (S_0; S_i with P_{i-1} V_{i-1}; the last P V), so the turns stay paired, and consumer
+  // 1 does not pass on its last turn (no barrier is left half-arrived when the CTA exits).
+  static_assert(C.consumers == 2, "the ping-pong pairs two consumers");
+  auto my_turn = [&]() {
+    if (cw == 0) {
+      named_barrier_sync(2, 256);
+    } else {
+      named_barrier_sync(3, 256);
+    }
+  };
+  auto pass_turn = [&]() {
+    if (cw == 0) {
+      named_barrier_arrive(3, 256);
+    } else {
+      named_barrier_arrive(2, 256);
+    }
+  };
+  if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
+  mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
+  my_turn();
+  wgmma_fence();
+  issue_s(g % STAGES);
+  wgmma_commit();
+  pass_turn();
+  wait_products();
+  softmax(0);
+  rescale_and_pack();
+  for (int i = 1; i < n_tiles; ++i) {
+    const int gi = g + i, stage = gi % STAGES, prev = (gi - 1) % STAGES;
+    mbar_wait(&full[stage], (gi / STAGES) & 1);
+    my_turn();
+    wgmma_fence();
+    issue_s(stage);
+    wgmma_commit();
+    issue_pv(prev);
+    wgmma_commit();
+    pass_turn();
+    wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
+    pin(sc);
+    softmax(i);
+    wgmma_wait<0>();
+    pin(acc_o);
+    mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
+    rescale_and_pack();
+  }
+  if constexpr (kPersistent) {
+    mbar_arrive(q_empty);  // every score product of this item has landed: Q may be replaced
+  }
+  const int last = (g + n_tiles - 1) % STAGES;
+  my_turn();
+  wgmma_fence();
+  issue_pv(last);
+  wgmma_commit();
+  if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
+  wgmma_wait<0>();
+  pin(acc_o);
+  mbar_arrive(&empty[last]);
+
+  // Epilogue: normalize and write this thread's O elements; LSE in natural log.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float l = portable::quad_sum(row_sum[half]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int r = row_a + 8 * half;
+    if (r < rows) {
+      T* orow = o + r * o_stride + 2 * (lane % 4);
+#pragma unroll
+      for (int f = 0; f < OF; ++f) {
+        *reinterpret_cast<uint32_t*>(orow + f * 8) =
+            Mma::pack(acc_o[f][2 * half] * inv, acc_o[f][2 * half + 1] * inv);
+      }
+      if (lane % 4 == 0) lse[r] = l > 0.f ? row_max[half] * portable::kLn2 + logf(l) : -INFINITY;
+    }
+  }
+  return n_tiles;
+}
+
+// One CTA per work item: grid (tiles, heads), the tile index from the last (heaviest causal
+// tiles first).
+template <class T, int DQK, int DV>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdTmaParams args) {
+  const FwdParams& p = args.p;
+  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
+  constexpr FwdSmem L = fwd_smem(DQK, DV);
+
+  extern __shared__ unsigned char smem_raw[];
+  // The integer round trip, not aligned_smem (hopper.cuh): the forward reaches its tiles by TMA,
+  // ldmatrix, wgmma descriptors and 32-bit addresses, so it has no generic access to remove, and
+  // with aligned_smem it measured 2-3% slower in two A/B runs on the H200 (PERFORMANCE.md item 21).
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
+  uint64_t* full = q_full + 1;      // [STAGES]: a K/V tile has landed (producer arrivals)
+  uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
+  const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
+  if (tc.segment < 0) return;
+  const int h = blockIdx.y, hk = h / p.group;
+  const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
+  const Segment seg = w.seg;
+  const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
+
+  T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
+  float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
+  const int64_t o_stride = p.o_layout.token_stride;
+
+  if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
+    for (int c = tid; c < rows * (DV / 8); c += kFwdThreads) {
+      const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
+      *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
+    }
+    for (int r = tid; r < rows; r += kFwdThreads) lse[r] = -INFINITY;
+    return;
+  }
+  const int n_first = key_lo / BN;
+  const int n_tiles = (key_hi - 1) / BN - n_first + 1;
+
+  if (tid == 0) {
+    mbar_init(q_full, 128);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 128 * C.consumers);
+    }
+  }
+  __syncthreads();  // barriers initialized before anyone arrives or waits
+
+  if (wg == 0) {
+    // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
+    // freed it. A tile inside its segment comes by TMA (thread 0 issues one box per 64-column
+    // panel of each tensor, completing on the stage's barrier); a segment's partial last tile by
+    // cp.async with zero fill (V rows past a segment may hold anything, NaN included, and P V
+    // would carry it into O).
+    // Every thread arrives once its own copies have landed and are visible to the async proxy, so
+    // a stage's barrier completes when all 128 threads and the TMA bytes are in.
+    regs_dealloc<C.producer_regs>();
+    const int ptid = tid;
+    const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
+    const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
+    const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
+    const int64_t k_stride = p.k_layout.token_stride, v_stride = p.v_layout.token_stride;
+    load_tile_sw128<BM, DQK, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
+    portable::cp_async_commit();
+    for (int i = 0; i < n_tiles; ++i) {
+      const int s = i % STAGES;
+      if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
+      const int n0 = (n_first + i) * BN;
+      unsigned char* k_dst = smem + L.k + s * L.k_stage;
+      unsigned char* v_dst = smem + L.v + s * L.v_stage;
+      const bool whole = seg.len_kv - n0 >= BN;
+      if (whole) {
+        if (ptid == 0) {
+          mbar_expect_tx(&full[s], uint32_t(L.k_stage + L.v_stage));
+          const int row = int(seg.kv_row0 + n0);
+#pragma unroll
+          for (int panel = 0; panel < DQK / 64; ++panel)
+            tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row,
+                        &full[s]);
+#pragma unroll
+          for (int panel = 0; panel < DV / 64; ++panel)
+            tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row,
+                        &full[s]);
+        }
+      } else {
+        load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
+                                    ptid);
+        load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
+                                    ptid);
+        portable::cp_async_commit();
+      }
+      if (i == 0 || !whole) {
+        portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
+        fence_proxy_async_smem();
+      }
+      if (i == 0) mbar_arrive(q_full);
+      mbar_arrive(&full[s]);
+    }
+    return;
+  }
+
+  // ---- Consumers: 64 query rows each.
+  regs_alloc<C.consumer_regs>();
+  mbar_wait(q_full, 0);
+  fwd_consume<T, DQK, DV, false>(p, smem, w, h, 0, full, empty, nullptr);
+}
+
+template <class T, int DQK, int DV>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_persistent_kernel(const __grid_constant__ FwdTmaParams args) {
+  const FwdParams& p = args.p;
+  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
+  constexpr FwdSmem L = fwd_smem(DQK, DV);
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
@@ -73,7 +423,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   int64_t* fetched = reinterpret_cast<int64_t*>(empty + STAGES);  // [2]
   int64_t* current = fetched + 2;
 
-  const int tid = threadIdx.x, lane = tid % 32;
+  const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
   // Work item wi: KV head major, then the tile-map index from the last (a segment's last,
   // heaviest causal tiles first), then the query heads of the KV head's GQA group fastest. The
@@ -212,243 +562,27 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     return;
   }
 
-  // ---- Consumers: 64 query rows each.
+  // ---- Consumers: 64 query rows each, item after item.
   regs_alloc<C.consumer_regs>();
-  const int cw = wg - 1, warp_in_wg = (tid % 128) / 32;
-  const uint32_t q_addr = portable::smem_addr(smem + L.q);
-  const uint32_t k_addr = portable::smem_addr(smem + L.k);
-  const uint32_t v_addr = portable::smem_addr(smem + L.v);
-
-  float acc_o[OF][4];
-  float row_max[2], row_sum[2];
-  // The current work item's segment, first row and first key tile (read by softmax).
-  Segment seg{};
-  int m0 = 0, n_first = 0;
-  // This thread's rows in the CTA tile (the wgmma accumulator layout).
-  const int row_a = cw * 64 + warp_in_wg * 16 + lane / 4;
-
-  uint32_t a[BN / 16][4];  // P of the current tile, the register A operand of P V
-  float sc[NF][4];
-
-  auto issue_pv = [&](int stage) {
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {
-      const uint64_t db = desc_mn_major(
-          v_addr + stage * uint32_t(L.v_stage) + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
-      if constexpr (DV == 256) {
-        rs_m64n256k16_tb<T>(acc_o, a[kc], db, 1);
-      } else if constexpr (DV == 128) {
-        rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
-      } else {
-        rs_m64n64k16_tb<T>(acc_o, a[kc], db, 1);
-      }
-    }
-  };
-  auto issue_s = [&](int stage) {
-    uint32_t q_base = q_addr;
-    // Opaque: otherwise the compiler keeps the KSTEPS loop-invariant Q descriptors (64 bits each)
-    // in registers across the key loop, which spills (at D = 192 and 256, and at 128 once the
-    // kernel loops over work items).
-    asm volatile("" : "+r"(q_base));
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      const uint64_t da =
-          desc_k_major(q_base + panel * BM * kSwizzleBytes + cw * 64 * kSwizzleBytes + within);
-      const uint64_t db =
-          desc_k_major(k_addr + stage * uint32_t(L.k_stage) + panel * BN * kSwizzleBytes + within);
-      if constexpr (BN == 128) {
-        ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
-      } else {
-        ss_m64n64k16<T>(sc, da, db, kk > 0 ? 1 : 0);
-      }
-    }
-  };
-  auto wait_products = [&]() {
-    wgmma_wait<0>();
-    pin(sc);
-    pin(acc_o);
-  };
-  // Scale, mask, online softmax of S_i: P_i in place of the scores, the row statistics updated,
-  // and alpha, the factor O must be rescaled by before P_i V_i is added (applied by the caller:
-  // O may still be in flight in P_{i-1} V_{i-1} meanwhile).
-  float alpha[2];
-  auto softmax = [&](int i) {
-    const int n0 = (n_first + i) * BN;
-    if (p.softcap > 0.f) {
-      const float pre = p.scale / p.softcap, post = p.softcap * portable::kLog2e;
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[f][e] = portable::fast_tanh(sc[f][e] * pre) * post;
-    } else {
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[f][e] *= p.scale_log2;
-    }
-    if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i_row = m0 + row_a + 8 * half;
-        const int lo = p.mask.key_begin(i_row, seg.len_q, seg.len_kv);
-        const int hi = p.mask.key_end(i_row, seg.len_q, seg.len_kv);
-#pragma unroll
-        for (int f = 0; f < NF; ++f)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = n0 + f * 8 + 2 * (lane % 4) + e;
-            if (j < lo || j >= hi) sc[f][2 * half + e] = -INFINITY;
-          }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = row_max[half];
-#pragma unroll
-      for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
-      mx = portable::quad_max(mx);
-      const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-      alpha[half] = portable::fast_exp2(row_max[half] - base);
-      row_max[half] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pr = portable::fast_exp2(sc[f][2 * half + e] - base);
-          sc[f][2 * half + e] = pr;
-          sum += pr;
-        }
-      row_sum[half] = row_sum[half] * alpha[half] + sum;
-    }
-  };
-  auto rescale_and_pack = [&]() {
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int f = 0; f < OF; ++f) {
-        acc_o[f][2 * half] *= alpha[half];
-        acc_o[f][2 * half + 1] *= alpha[half];
-      }
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {
-      a[kc][0] = Mma::pack(sc[2 * kc][0], sc[2 * kc][1]);
-      a[kc][1] = Mma::pack(sc[2 * kc][2], sc[2 * kc][3]);
-      a[kc][2] = Mma::pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
-      a[kc][3] = Mma::pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
-    }
-  };
-  // Tile 0's scores and softmax; then per tile i >= 1: S_i and P_{i-1} V_{i-1} issued together,
-  // the softmax of S_i while P_{i-1} V_{i-1} still runs on the tensor cores, then O rescaled and
-  // P_i packed once it has landed. One score tile is live at a time.
-  // Ping-pong between the two consumers (FlashAttention-3's inter-warpgroup schedule): a
-  // consumer issues its products only in its turn (barrier 2 + its index, completed by the other
-  // consumer's arrival) and hands the turn over right after issuing, so one consumer's softmax
-  // runs while the other's products occupy the tensor cores. Each consumer has n_tiles + 1 issue
-  // phases (S_0; S_i with P_{i-1} V_{i-1}; the last P V), so the turns stay paired, and consumer
-  // 1 does not pass on its last turn (no barrier is left half-arrived when the CTA exits).
-  static_assert(C.consumers == 2, "the ping-pong pairs two consumers");
-  auto my_turn = [&]() {
-    if (cw == 0) {
-      named_barrier_sync(2, 256);
-    } else {
-      named_barrier_sync(3, 256);
-    }
-  };
-  auto pass_turn = [&]() {
-    if (cw == 0) {
-      named_barrier_arrive(3, 256);
-    } else {
-      named_barrier_arrive(2, 256);
-    }
-  };
   int g = 0;  // K/V tiles consumed by this CTA so far (the producer's count)
   for (int t = 0;; ++t) {
     mbar_wait(q_full, t & 1);
     const int64_t wi = *static_cast<volatile int64_t*>(current);
     if (wi < 0) break;
     const Item it = fetch(wi);  // inside a segment: the producer skipped the gaps
-    const int h = it.h;
-    seg = it.w.seg;
-    m0 = it.w.m0;
-    const int rows = it.w.rows;
-    T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
-    float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
-    const int64_t o_stride = p.o_layout.token_stride;
     if (it.w.key_lo >= it.w.key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
+      T* o = static_cast<T*>(p.o) + p.o_layout.offset(it.w.seg.q_row0 + it.w.m0, it.h);
+      float* lse = p.lse + p.stats.offset(it.h, it.w.seg.q_row0 + it.w.m0);
       const int ctid = tid - 128;
-      for (int c = ctid; c < rows * (DV / 8); c += 128 * C.consumers) {
+      for (int c = ctid; c < it.w.rows * (DV / 8); c += 128 * C.consumers) {
         const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
-        *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(o + r * p.o_layout.token_stride + col) = make_uint4(0, 0, 0, 0);
       }
-      for (int r = ctid; r < rows; r += 128 * C.consumers) lse[r] = -INFINITY;
+      for (int r = ctid; r < it.w.rows; r += 128 * C.consumers) lse[r] = -INFINITY;
       mbar_arrive(q_empty);
       continue;
     }
-    n_first = it.w.key_lo / BN;
-    const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
-#pragma unroll
-    for (int f = 0; f < OF; ++f) acc_o[f][0] = acc_o[f][1] = acc_o[f][2] = acc_o[f][3] = 0.f;
-    row_max[0] = row_max[1] = -INFINITY;
-    row_sum[0] = row_sum[1] = 0.f;
-
-    if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
-    mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
-    my_turn();
-    wgmma_fence();
-    issue_s(g % STAGES);
-    wgmma_commit();
-    pass_turn();
-    wait_products();
-    softmax(0);
-    rescale_and_pack();
-    for (int i = 1; i < n_tiles; ++i) {
-      const int gi = g + i, stage = gi % STAGES, prev = (gi - 1) % STAGES;
-      mbar_wait(&full[stage], (gi / STAGES) & 1);
-      my_turn();
-      wgmma_fence();
-      issue_s(stage);
-      wgmma_commit();
-      issue_pv(prev);
-      wgmma_commit();
-      pass_turn();
-      wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
-      pin(sc);
-      softmax(i);
-      wgmma_wait<0>();
-      pin(acc_o);
-      mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
-      rescale_and_pack();
-    }
-    mbar_arrive(q_empty);  // every score product of this item has landed: Q may be replaced
-    const int last = (g + n_tiles - 1) % STAGES;
-    my_turn();
-    wgmma_fence();
-    issue_pv(last);
-    wgmma_commit();
-    if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
-    wgmma_wait<0>();
-    pin(acc_o);
-    mbar_arrive(&empty[last]);
-    g += n_tiles;
-
-    // Epilogue: normalize and write this thread's O elements; LSE in natural log.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float l = portable::quad_sum(row_sum[half]);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int r = row_a + 8 * half;
-      if (r < rows) {
-        T* orow = o + r * o_stride + 2 * (lane % 4);
-#pragma unroll
-        for (int f = 0; f < OF; ++f) {
-          *reinterpret_cast<uint32_t*>(orow + f * 8) =
-              Mma::pack(acc_o[f][2 * half] * inv, acc_o[f][2 * half + 1] * inv);
-        }
-        if (lane % 4 == 0) lse[r] = l > 0.f ? row_max[half] * portable::kLn2 + logf(l) : -INFINITY;
-      }
-    }
+    g += fwd_consume<T, DQK, DV, true>(p, smem, it.w, it.h, g, full, empty, q_empty);
   }
 }
 
