@@ -61,9 +61,14 @@ void plan_bwd_workspace(PlanData* d) {
   const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_FP32 ? AccumType::F32
                        : p.dtype == RATTN_DTYPE_FP16     ? AccumType::F16
                                                          : AccumType::BF16;
-  ws.dq_accum =
-      make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch, p.num_heads_q,
-                           p.head_dim_qk, p.total_q, p.max_seqlen_q, portable::kDqAccumAlign);
+  // The Hopper backward stages each dQ tile in shared memory in its accumulators' order and
+  // copies it out as one block (DqTileOrder::Wgmma64); the portable backward adds into the scratch
+  // directly, in row order.
+  const DqTileOrder order =
+      d->bwd.family == KernelFamily::Wgmma ? DqTileOrder::Wgmma64 : DqTileOrder::Rows;
+  ws.dq_accum = make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch,
+                                     p.num_heads_q, p.head_dim_qk, p.total_q, p.max_seqlen_q,
+                                     portable::kDqAccumAlign, order);
   size_t cursor = 0;
   ws.dq_accum_region = take(&cursor, size_t(ws.dq_accum.bytes()));
   ws.dpsum = take(&cursor, size_t(d->row_stats().elements(p.num_heads_q)) * sizeof(float));

@@ -118,6 +118,11 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
 }
 
 Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
+  if (d.bwd_ws.dq_accum.order != DqTileOrder::Rows) {  // the Plan orders tiles for Hopper only
+    return not_supported("backward",
+                         "the portable backward adds into the dQ scratch in row order; this plan's "
+                         "scratch is in the Hopper backward's tile order");
+  }
   return run_backward(d, t, workspace, stream, &launch_portable_bwd);
 }
 

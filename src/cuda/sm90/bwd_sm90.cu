@@ -55,6 +55,17 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
         ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n);
   }
+  // The kernel stages each dQ tile in its accumulators' order and adds it into the scratch as
+  // one block, so the scratch must be in that order with whole 64-row tiles (the Plan's).
+  const DqAccumLayout& dq = d.bwd_ws.dq_accum;
+  if (dq.order != DqTileOrder::Wgmma64 || dq.align % d.bwd.block_m != 0 ||
+      d.bwd.block_m != DqAccumLayout::kTileRows) {
+    return not_supported("backward",
+                         "the Hopper backward writes the dQ scratch in 64-row wgmma tiles; this "
+                         "plan's scratch has tile order ",
+                         int(dq.order), ", alignment ", dq.align, " for query tiles of ",
+                         d.bwd.block_m);
+  }
   sm90::BwdTmaParams maps{};
   RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q_map, pr.dtype, t.q, d.q(),
                                      pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.bwd.block_m));
