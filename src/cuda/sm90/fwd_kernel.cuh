@@ -53,6 +53,45 @@ struct FwdTmaParams {
   unsigned long long* work_counter;  // items claimed past the first gridDim.x; zero at launch
 };
 
+// The producer's copy of K/V tile rows [n0, n0 + block_n) of KV head hk (k, v: the segment's
+// first key row of that head) into stage s: inside the segment by TMA (thread 0 issues one box
+// per 64-column panel of each tensor, completing on `full`'s transaction count), a segment's
+// partial last tile by cp.async with zero fill (V rows past a segment may hold anything, NaN
+// included, and P V would carry it into O), committed. Returns whether the tile was whole (the
+// caller waits for its own cp.async copies otherwise). All 128 producer threads.
+template <class T, int DQK, int DV>
+__device__ __forceinline__ bool fwd_load_kv(const FwdTmaParams& args, unsigned char* smem, int s,
+                                            const Segment& seg, int hk, int n0, const T* k,
+                                            const T* v, uint64_t* full) {
+  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr int BN = C.block_n;
+  constexpr FwdSmem L = fwd_smem(DQK, DV);
+  const int ptid = threadIdx.x;
+  unsigned char* k_dst = smem + L.k + s * L.k_stage;
+  unsigned char* v_dst = smem + L.v + s * L.v_stage;
+  const bool whole = seg.len_kv - n0 >= BN;
+  if (whole) {
+    if (ptid == 0) {
+      mbar_expect_tx(full, uint32_t(L.k_stage + L.v_stage));
+      const int row = int(seg.kv_row0 + n0);
+#pragma unroll
+      for (int panel = 0; panel < DQK / 64; ++panel)
+        tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row, full);
+#pragma unroll
+      for (int panel = 0; panel < DV / 64; ++panel)
+        tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row, full);
+    }
+  } else {
+    const int64_t k_stride = args.p.k_layout.token_stride, v_stride = args.p.v_layout.token_stride;
+    load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
+                                  ptid);
+    load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
+                                 ptid);
+    portable::cp_async_commit();
+  }
+  return whole;
+}
+
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
 // head h) with Q in shared memory: the key loop over the item's K/V tiles, which are the CTA's
 // K/V tiles g, g + 1, ... (stage (g + i) % STAGES), then O and LSE. kPersistent: arrive on q_empty
@@ -358,36 +397,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
     const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
     const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
-    const int64_t k_stride = p.k_layout.token_stride, v_stride = p.v_layout.token_stride;
     load_tile_sw128<BM, DQK, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
     portable::cp_async_commit();
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % STAGES;
       if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
-      const int n0 = (n_first + i) * BN;
-      unsigned char* k_dst = smem + L.k + s * L.k_stage;
-      unsigned char* v_dst = smem + L.v + s * L.v_stage;
-      const bool whole = seg.len_kv - n0 >= BN;
-      if (whole) {
-        if (ptid == 0) {
-          mbar_expect_tx(&full[s], uint32_t(L.k_stage + L.v_stage));
-          const int row = int(seg.kv_row0 + n0);
-#pragma unroll
-          for (int panel = 0; panel < DQK / 64; ++panel)
-            tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row,
-                        &full[s]);
-#pragma unroll
-          for (int panel = 0; panel < DV / 64; ++panel)
-            tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row,
-                        &full[s]);
-        }
-      } else {
-        load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
-                                    ptid);
-        load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
-                                    ptid);
-        portable::cp_async_commit();
-      }
+      const bool whole =
+          fwd_load_kv<T, DQK, DV>(args, smem, s, seg, hk, (n_first + i) * BN, k, v, &full[s]);
       if (i == 0 || !whole) {
         portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
         fence_proxy_async_smem();
@@ -506,34 +522,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
       const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
       const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
-      const int64_t k_stride = p.k_layout.token_stride, v_stride = p.v_layout.token_stride;
-      for (int i = 0; i < n_tiles; ++i, ++g) {
+        for (int i = 0; i < n_tiles; ++i, ++g) {
         const int s = g % STAGES;
         if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
-        const int n0 = (n_first + i) * BN;
-        unsigned char* k_dst = smem + L.k + s * L.k_stage;
-        unsigned char* v_dst = smem + L.v + s * L.v_stage;
-        const bool whole = seg.len_kv - n0 >= BN;
-        if (whole) {
-          if (ptid == 0) {
-            mbar_expect_tx(&full[s], uint32_t(L.k_stage + L.v_stage));
-            const int row = int(seg.kv_row0 + n0);
-#pragma unroll
-            for (int panel = 0; panel < DQK / 64; ++panel)
-              tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row,
-                          &full[s]);
-#pragma unroll
-            for (int panel = 0; panel < DV / 64; ++panel)
-              tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row,
-                          &full[s]);
-          }
-        } else {
-          load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride,
-                                        seg.len_kv - n0, ptid);
-          load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
-                                       ptid);
-          portable::cp_async_commit();
-        }
+        const bool whole =
+            fwd_load_kv<T, DQK, DV>(args, smem, s, seg, hk, (n_first + i) * BN, k, v, &full[s]);
         if (i == 0 && ptid == 0) {  // Q by TMA, after the first K/V tile's copies
           if (t > 0) mbar_wait(q_empty, (t - 1) & 1);
           *current = wi;
