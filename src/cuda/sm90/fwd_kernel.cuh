@@ -360,16 +360,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const Segment seg = w.seg;
   const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
 
-  T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
-  float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
-  const int64_t o_stride = p.o_layout.token_stride;
-
   if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-    for (int c = tid; c < rows * (DV / 8); c += kFwdThreads) {
-      const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
-      *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
-    }
-    for (int r = tid; r < rows; r += kFwdThreads) lse[r] = -INFINITY;
+    portable::write_unseen_tile<T, DV>(p, w, h, tid, kFwdThreads);
     return;
   }
   const int n_first = key_lo / BN;
@@ -564,14 +556,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     if (wi < 0) break;
     const Item it = fetch(wi);  // inside a segment: the producer skipped the gaps
     if (it.w.key_lo >= it.w.key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-      T* o = static_cast<T*>(p.o) + p.o_layout.offset(it.w.seg.q_row0 + it.w.m0, it.h);
-      float* lse = p.lse + p.stats.offset(it.h, it.w.seg.q_row0 + it.w.m0);
-      const int ctid = tid - 128;
-      for (int c = ctid; c < it.w.rows * (DV / 8); c += 128 * C.consumers) {
-        const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
-        *reinterpret_cast<uint4*>(o + r * p.o_layout.token_stride + col) = make_uint4(0, 0, 0, 0);
-      }
-      for (int r = ctid; r < it.w.rows; r += 128 * C.consumers) lse[r] = -INFINITY;
+      portable::write_unseen_tile<T, DV>(p, it.w, it.h, tid - 128, 128 * C.consumers);
       mbar_arrive(q_empty);
       continue;
     }
