@@ -53,6 +53,17 @@ struct FwdTmaParams {
   unsigned long long* work_counter;  // items claimed past the first gridDim.x; zero at launch
 };
 
+// The K/V ring's barriers: full[s] completes with the producer warpgroup's 128 arrivals (and the
+// stage's TMA bytes), empty[s] with every consumer thread's.
+template <int DQK, int DV>
+__device__ __forceinline__ void init_kv_ring(uint64_t* full, uint64_t* empty) {
+  constexpr FwdConfig C = fwd_config(DQK, DV);
+  for (int s = 0; s < C.stages; ++s) {
+    mbar_init(&full[s], 128);
+    mbar_init(&empty[s], 128 * C.consumers);
+  }
+}
+
 // The producer's copy of K/V tile rows [n0, n0 + block_n) of KV head hk (k, v: the segment's
 // first key row of that head) into stage s: inside the segment by TMA (thread 0 issues one box
 // per 64-column panel of each tensor, completing on `full`'s transaction count), a segment's
@@ -369,10 +380,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   if (tid == 0) {
     mbar_init(q_full, 128);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128 * C.consumers);
-    }
+    init_kv_ring<DQK, DV>(full, empty);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
@@ -464,10 +472,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   if (tid == 0) {
     mbar_init(q_full, 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
     mbar_init(q_empty, 128 * C.consumers);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128 * C.consumers);
-    }
+    init_kv_ring<DQK, DV>(full, empty);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
