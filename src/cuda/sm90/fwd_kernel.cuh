@@ -420,6 +420,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   fwd_consume<T, DQK, DV, false>(p, smem, w, h, 0, full, empty, nullptr);
 }
 
+// One CTA per SM (or per item, where there are fewer items): items from blockIdx.x, then from
+// the work counter, in the order described below.
 template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_persistent_kernel(const __grid_constant__ FwdTmaParams args) {
