@@ -27,6 +27,10 @@ struct BwdWorkspace {
   Region dq_accum_region;  // dq_accum.bytes() at an aligned offset
   Region dpsum;            // fp32 dot(dO, O), RowStatLayout
   Region locks;            // int32 per (query tile, query head): deterministic ordering
+  // TileCoord per key tile (LaunchShape::tiles): the order the Hopper backward's CTAs take the key
+  // tiles in, most work first (written by sm90::bwd_lpt_schedule before each main kernel). Not in
+  // deterministic mode (its turns need each segment's tiles in order).
+  Region schedule;
   size_t total = 0;
 };
 

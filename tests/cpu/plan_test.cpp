@@ -333,6 +333,11 @@ void expect_consistent_workspace(const Plan& plan) {
                   size_t(d.problem.num_heads_q) * sizeof(int32_t));
     regions.push_back(ws.locks);
   }
+  // The Hopper backward's key-tile order: one TileCoord per key tile of its grid, outside
+  // deterministic mode only (its turns need each segment's tiles in order); no other path has one.
+  const bool schedule = d.bwd.family == KernelFamily::Wgmma && !d.problem.deterministic;
+  EXPECT_EQ(ws.schedule.bytes, schedule ? size_t(d.bwd.tiles) * sizeof(TileCoord) : 0u);
+  if (schedule) regions.push_back(ws.schedule);
   std::sort(regions.begin(), regions.end(),
             [](const Region& a, const Region& b) { return a.offset < b.offset; });
   for (size_t i = 0; i < regions.size(); ++i) {

@@ -82,7 +82,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
-  const TileCoord tc = p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
+  // The key tile: the schedule's x-th (most work first) where the Plan made one.
+  const TileCoord tc = p.schedule != nullptr ? p.schedule[blockIdx.x]
+                                             : p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
   if (tc.segment < 0) return;
   const int b = tc.segment, hk = blockIdx.y;
   const portable::KeyTileWork w = portable::key_tile_work<BM, BN>(p, tc);

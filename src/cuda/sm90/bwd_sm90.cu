@@ -9,11 +9,26 @@
 #include "cuda/bwd_sequence.hpp"
 #include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/schedule.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 
 namespace raggedattn {
 namespace cuda {
 namespace {
+
+// One backward main launch at head dims DQK / DV, after the key tiles' order where the Plan asks
+// for one (schedule.cuh; its tiles are the kernel's, from bwd_config).
+template <class T, int DQK, int DV>
+cudaError_t launch_dims(const sm90::BwdTmaParams& a, const PlanData& d, cudaStream_t s) {
+  constexpr sm90::BwdConfig c = sm90::bwd_config(DQK, DV);
+  if (a.p.schedule != nullptr) {
+    sm90::bwd_lpt_schedule<c.block_m, c.block_n><<<1, sm90::kScheduleThreads, 0, s>>>(
+        a.p, const_cast<TileCoord*>(a.p.schedule), int(d.bwd.tiles));
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return launch_kernel(sm90::bwd_kernel<T, DQK, DV>, d.bwd, d.problem.num_heads_kv, a, s);
+}
 
 // `maps`: the kernel's parameters with the TMA maps made by sm90_backward before the launch
 // sequence (run_backward's context); the launch adds the sequence's BwdParams.
@@ -26,13 +41,13 @@ cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d,
   // (sm90::bwd_supports).
   switch (d.problem.head_dim_qk) {
     case 64:
-      return launch_kernel(sm90::bwd_kernel<T, 64, 64>, d.bwd, d.problem.num_heads_kv, a, s);
+      return launch_dims<T, 64, 64>(a, d, s);
     case 128:
-      return launch_kernel(sm90::bwd_kernel<T, 128, 128>, d.bwd, d.problem.num_heads_kv, a, s);
+      return launch_dims<T, 128, 128>(a, d, s);
     case 192:
-      return launch_kernel(sm90::bwd_kernel<T, 192, 128>, d.bwd, d.problem.num_heads_kv, a, s);
+      return launch_dims<T, 192, 128>(a, d, s);
     default:
-      return launch_kernel(sm90::bwd_kernel<T, 256, 256>, d.bwd, d.problem.num_heads_kv, a, s);
+      return launch_dims<T, 256, 256>(a, d, s);
   }
 }
 
