@@ -171,18 +171,21 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
   d->path = Path::CudaSm90;
   // Forward tiles are query tiles (block_m rows), backward tiles key tiles (block_n rows).
   if (wgmma_forward && sm90::fwd_supports(p.head_dim_qk, p.head_dim_v)) {
-    const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v);
+    // The persistent kernel (one CTA per SM over all (query tile, head) items) for short
+    // documents, the grid kernel (one CTA per item) for long ones; each has its own buffers.
+    const int64_t tiles = RaggedTiles::bound(p.total_q, p.batch,
+                                             sm90::fwd_config(p.head_dim_qk, p.head_dim_v).block_m);
+    const int64_t ctas = sm90::fwd_ctas(d->caps.num_sms, tiles * p.num_heads_q, p.max_seqlen_q);
+    const bool persistent = ctas > 0;
+    const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v, persistent);
     d->fwd = LaunchShape{KernelFamily::Wgmma,
                          c.block_m,
                          c.block_n,
                          sm90::kFwdThreads,
                          c.stages,
-                         sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
-                         RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
-    // The persistent kernel (one CTA per SM over all (query tile, head) items) for short
-    // documents, the grid kernel (one CTA per item) for long ones.
-    d->fwd.item_ctas =
-        sm90::fwd_ctas(d->caps.num_sms, d->fwd.tiles * p.num_heads_q, p.max_seqlen_q);
+                         sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, persistent).bytes,
+                         tiles};
+    d->fwd.item_ctas = ctas;
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk, p.head_dim_v);

@@ -158,10 +158,17 @@ TEST(PlanPath, HopperForwardIsPersistentWhereTheDocumentsAreShort) {
               HasSubstr(std::to_string(sms) + " CTAs over " + std::to_string(items) + " items]"));
   EXPECT_EQ(plan.workspace_bytes(Direction::Forward), plan.data().fwd_ws.total);
   EXPECT_GE(plan.data().fwd_ws.work_counter.bytes, sizeof(unsigned long long));
+  // The persistent kernel's own buffers (two Q tiles, two K/V stages at D = 128).
+  EXPECT_EQ(plan.data().fwd.stages, sm90::fwd_config(p.head_dim_qk, p.head_dim_v, true).stages);
+  EXPECT_EQ(plan.data().fwd.smem_bytes,
+            sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).bytes);
+  EXPECT_EQ(sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).q_buffers,
+            p.head_dim_qk <= 128 ? 2 : 1);
 
   p.max_seqlen_q = p.max_seqlen_kv = sm90::kPersistentMaxSeqlenQ + 1;
   ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
   EXPECT_EQ(plan.data().fwd.item_ctas, 0);
+  EXPECT_EQ(plan.data().fwd.smem_bytes, sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes);
   EXPECT_THAT(plan.describe(), ::testing::Not(HasSubstr("CTAs over")));
   EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
 

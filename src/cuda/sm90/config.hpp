@@ -54,10 +54,20 @@ RATTN_HD constexpr bool fits_register_pool(const WsConfig& c) {
 // thread of the Q tile spill under 40); at D = 256 the O accumulator (m64n256, 128
 // registers) leaves room for a 64-key score tile only, and two stages fit next to the 64 KiB Q
 // tile.
-RATTN_HD constexpr FwdConfig fwd_config(int dqk, int /*dv*/) {
+// The persistent kernel (`persistent`) double-buffers Q where that leaves at least two K/V stages
+// (D = 64 and 128; fwd_q_buffers), so an item's Q loads while the previous item runs; at D = 128
+// that costs the third stage. Its producer then takes 56 registers (its bookkeeping of two Q
+// buffers spilled 36 B under 40) and the consumers 224.
+RATTN_HD constexpr int fwd_q_buffers(int dqk, int /*dv*/, bool persistent) {
+  return persistent && dqk <= 128 ? 2 : 1;
+}
+RATTN_HD constexpr FwdConfig fwd_config(int dqk, int dv, bool persistent = false) {
   return dqk == 256   ? FwdConfig{128, 64, 2, 2, 40, 232}
          : dqk == 192 ? FwdConfig{128, 128, 2, 2, 56, 224}
-                      : FwdConfig{128, 128, 2, 3, 40, 232};
+         : dqk == 128 && fwd_q_buffers(dqk, dv, persistent) == 2
+             ? FwdConfig{128, 128, 2, 2, 56, 224}
+         : fwd_q_buffers(dqk, dv, persistent) == 2 ? FwdConfig{128, 128, 2, 3, 56, 224}
+                                                   : FwdConfig{128, 128, 2, 3, 40, 232};
 }
 // Every head dims' config has the same warpgroups (fwd_config_ok), so one thread count.
 constexpr int kFwdConsumers = 2;
@@ -66,7 +76,9 @@ RATTN_HD constexpr bool fwd_config_ok(FwdConfig c) {
 }
 constexpr int kFwdThreads = ws_threads(fwd_config(128, 128));
 static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128, 128)) &&
-                  fwd_config_ok(fwd_config(192, 128)) && fwd_config_ok(fwd_config(256, 256)),
+                  fwd_config_ok(fwd_config(192, 128)) && fwd_config_ok(fwd_config(256, 256)) &&
+                  fwd_config_ok(fwd_config(64, 64, true)) &&
+                  fwd_config_ok(fwd_config(128, 128, true)),
               "one wgmma M per consumer warpgroup, and the warpgroups' registers after "
               "reallocation within the CTA's pool");
 
@@ -191,23 +203,32 @@ static_assert(bwd_columns_ok(64, 64) && bwd_columns_ok(128, 128) && bwd_columns_
 
 struct FwdSmem {
   size_t q, k, v;  // byte offsets from the 1024-aligned base
-  size_t k_stage, v_stage;
-  size_t bars;   // mbarriers: Q full, then full[stages], empty[stages]
+  size_t q_stage, k_stage, v_stage;
+  int q_buffers;
+  size_t bars;   // mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages]
+  size_t slots;  // the persistent kernel's work items: fetched[2], current[q_buffers]
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
-  const FwdConfig c = fwd_config(dqk, dv);
+RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
+  const FwdConfig c = fwd_config(dqk, dv, persistent);
   FwdSmem s{};
+  s.q_buffers = fwd_q_buffers(dqk, dv, persistent);
+  s.q_stage = tile_bytes(c.block_m, dqk);
   s.k_stage = tile_bytes(c.block_n, dqk);
   s.v_stage = tile_bytes(c.block_n, dv);
   s.q = 0;
-  s.k = s.q + tile_bytes(c.block_m, dqk);
+  s.k = s.q + s.q_buffers * s.q_stage;
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
-  // q_full, q_empty, full[], empty[]; then the work-item slots (two fetched, one current)
-  s.bytes = s.bars + (2 + 2 * c.stages + 3) * 8 + kSmemAlign;
+  s.slots = s.bars + (2 * s.q_buffers + 2 * c.stages) * 8;
+  s.bytes = s.slots + (2 + s.q_buffers) * 8 + kSmemAlign;
   return s;
 }
+static_assert(fwd_smem(64, 64, true).bytes <= 227 * 1024 &&
+                  fwd_smem(128, 128, true).bytes <= 227 * 1024 &&
+                  fwd_smem(192, 128, true).bytes <= 227 * 1024 &&
+                  fwd_smem(256, 256, true).bytes <= 227 * 1024,
+              "the persistent forward's buffers fit an H100/H200 CTA's shared memory");
 
 // Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; dS^T
 // ([key][query], the A operand of dQ = dS K read M-major) in two buffers: under the key split

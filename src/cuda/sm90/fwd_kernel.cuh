@@ -55,9 +55,9 @@ struct FwdTmaParams {
 
 // The K/V ring's barriers: full[s] completes with the producer warpgroup's 128 arrivals (and the
 // stage's TMA bytes), empty[s] with every consumer thread's.
-template <int DQK, int DV>
+template <int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ void init_kv_ring(uint64_t* full, uint64_t* empty) {
-  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   for (int s = 0; s < C.stages; ++s) {
     mbar_init(&full[s], 128);
     mbar_init(&empty[s], 128 * C.consumers);
@@ -70,13 +70,13 @@ __device__ __forceinline__ void init_kv_ring(uint64_t* full, uint64_t* empty) {
 // partial last tile by cp.async with zero fill (V rows past a segment may hold anything, NaN
 // included, and P V would carry it into O), committed. Returns whether the tile was whole (the
 // caller waits for its own cp.async copies otherwise). All 128 producer threads.
-template <class T, int DQK, int DV>
+template <class T, int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ bool fwd_load_kv(const FwdTmaParams& args, unsigned char* smem, int s,
                                             const Segment& seg, int hk, int n0, const T* k,
                                             const T* v, uint64_t* full) {
-  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BN = C.block_n;
-  constexpr FwdSmem L = fwd_smem(DQK, DV);
+  constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
   const int ptid = threadIdx.x;
   unsigned char* k_dst = smem + L.k + s * L.k_stage;
   unsigned char* v_dst = smem + L.v + s * L.v_stage;
@@ -104,28 +104,30 @@ __device__ __forceinline__ bool fwd_load_kv(const FwdTmaParams& args, unsigned c
 }
 
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
-// head h) with Q in shared memory: the key loop over the item's K/V tiles, which are the CTA's
-// K/V tiles g, g + 1, ... (stage (g + i) % STAGES), then O and LSE. kPersistent: arrive on q_empty
-// once the item's last score product has landed (the producer may then replace Q), and keep the
-// Q address opaque at every head dim (the item loop around this otherwise spills at D = 128).
+// head h) with Q in shared memory (Q buffer q_buf): the key loop over the item's K/V tiles, which
+// are the CTA's K/V tiles g, g + 1, ... (stage (g + i) % STAGES), then O and LSE. kPersistent: the
+// persistent kernel's buffers (fwd_config / fwd_smem with persistent set), arrive on q_empty once
+// the item's last score product has landed (the producer may then replace Q), and keep the Q
+// address opaque at every head dim (the item loop around this otherwise spills at D = 128).
 // Returns the number of K/V tiles consumed.
 template <class T, int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* smem,
                                            const portable::QueryTileWork& w, int h, int g,
-                                           uint64_t* full, uint64_t* empty, uint64_t* q_empty) {
-  constexpr FwdConfig C = fwd_config(DQK, DV);
+                                           int q_buf, uint64_t* full, uint64_t* empty,
+                                           uint64_t* q_empty) {
+  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
   constexpr int NF = BN / 8;  // n8 fragments of a score row block
   constexpr int OF = DV / 8;  // n8 fragments of the output row block (one m64nDV accumulator)
   constexpr int KSTEPS = DQK / 16;
-  constexpr FwdSmem L = fwd_smem(DQK, DV);
+  constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
   static_assert(DV == 64 || DV == 128 || DV == 256, "P V is one m64nDV instruction per 16 keys");
   static_assert(BN == 64 || BN == 128, "S is one m64n(BN) instruction per 16 head-dim columns");
   using Mma = portable::MmaType<T>;
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int cw = tid / 128 - 1, warp_in_wg = (tid % 128) / 32;
-  const uint32_t q_addr = portable::smem_addr(smem + L.q);
+  const uint32_t q_addr = portable::smem_addr(smem + L.q + q_buf * L.q_stage);
   const uint32_t k_addr = portable::smem_addr(smem + L.k);
   const uint32_t v_addr = portable::smem_addr(smem + L.v);
   const Segment seg = w.seg;
@@ -380,7 +382,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   if (tid == 0) {
     mbar_init(q_full, 128);
-    init_kv_ring<DQK, DV>(full, empty);
+    init_kv_ring<DQK, DV, false>(full, empty);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
@@ -402,8 +404,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % STAGES;
       if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
-      const bool whole =
-          fwd_load_kv<T, DQK, DV>(args, smem, s, seg, hk, (n_first + i) * BN, k, v, &full[s]);
+      const bool whole = fwd_load_kv<T, DQK, DV, false>(args, smem, s, seg, hk, (n_first + i) * BN,
+                                                        k, v, &full[s]);
       if (i == 0 || !whole) {
         portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
         fence_proxy_async_smem();
@@ -417,7 +419,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // ---- Consumers: 64 query rows each.
   regs_alloc<C.consumer_regs>();
   mbar_wait(q_full, 0);
-  fwd_consume<T, DQK, DV, false>(p, smem, w, h, 0, full, empty, nullptr);
+  fwd_consume<T, DQK, DV, false>(p, smem, w, h, 0, 0, full, empty, nullptr);
 }
 
 // One CTA per SM (or per item, where there are fewer items): items from blockIdx.x, then from
@@ -426,20 +428,21 @@ template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_persistent_kernel(const __grid_constant__ FwdTmaParams args) {
   const FwdParams& p = args.p;
-  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr FwdConfig C = fwd_config(DQK, DV, true);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
-  constexpr FwdSmem L = fwd_smem(DQK, DV);
+  constexpr FwdSmem L = fwd_smem(DQK, DV, true);
+  constexpr int NQ = L.q_buffers;  // item t's Q in buffer t % NQ
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);  // the Q tile has landed
-  uint64_t* q_empty = q_full + 1;   // both consumers' score products are done with Q
-  uint64_t* full = q_empty + 1;     // [STAGES]: a K/V tile has landed (producer arrivals)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);  // [NQ]: a Q tile has landed
+  uint64_t* q_empty = q_full + NQ;  // [NQ]: both consumers' score products are done with it
+  uint64_t* full = q_empty + NQ;    // [STAGES]: a K/V tile has landed (producer arrivals)
   uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
-  // The producer's fetched work item (two slots, alternating) and the consumers' current one
-  // (-1: no more work), written under q_empty and read after q_full.
-  int64_t* fetched = reinterpret_cast<int64_t*>(empty + STAGES);  // [2]
-  int64_t* current = fetched + 2;
+  // The producer's fetched work item (two slots, alternating) and, per Q buffer, the consumers'
+  // item (-1: no more work), written under that buffer's q_empty and read after its q_full.
+  int64_t* fetched = reinterpret_cast<int64_t*>(smem + L.slots);  // [2]
+  int64_t* current = fetched + 2;                                 // [NQ]
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
@@ -472,27 +475,33 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   };
 
   if (tid == 0) {
-    mbar_init(q_full, 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
-    mbar_init(q_empty, 128 * C.consumers);
-    init_kv_ring<DQK, DV>(full, empty);
+    for (int b = 0; b < NQ; ++b) {
+      mbar_init(&q_full[b], 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
+      mbar_init(&q_empty[b], 128 * C.consumers);
+    }
+    init_kv_ring<DQK, DV, true>(full, empty);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
     // ---- Producer: per work item, K/V tile i into stage g % STAGES (g counts the CTA's K/V
-    // tiles over all its items) once both consumers freed it, and Q, once the consumers' last
-    // score product of the previous item has landed (q_empty). A K/V tile inside its segment
-    // comes by TMA (thread 0 issues one box per 64-column panel of each tensor, completing on the
-    // stage's barrier); a segment's partial last tile by cp.async with zero fill (V rows past a
-    // segment may hold anything, NaN included, and P V would carry it into O). Every thread
-    // arrives once its own copies have landed and are visible to the async proxy, so a stage's
-    // barrier completes when all 128 threads and the TMA bytes are in. Q always comes by TMA,
-    // even past its segment's end: a query row's O depends on that row of Q only, and the rows
+    // tiles over all its items) once both consumers freed it, and Q into buffer t % NQ once the
+    // consumers' last score product of item t - NQ has landed (that buffer's q_empty). A K/V tile
+    // inside its segment comes by TMA (thread 0 issues one box per 64-column panel of each tensor,
+    // completing on the stage's barrier); a segment's partial last tile by cp.async with zero fill
+    // (V rows past a segment may hold anything, NaN included, and P V would carry it into O). Every
+    // thread arrives once its own copies have landed and are visible to the async proxy, so a
+    // stage's barrier completes when all 128 threads and the TMA bytes are in. Q always comes by
+    // TMA, even past its segment's end: a query row's O depends on that row of Q only, and the rows
     // past the segment are never written (past the tensor's end TMA fills zeros).
     regs_dealloc<C.producer_regs>();
     const int ptid = tid;
     int g = 0;  // K/V tiles loaded by this CTA so far
-    int t = 0;  // work items handed to the consumers so far (the Q buffer's uses)
+    int t = 0;  // work items handed to the consumers so far (the Q buffers' uses)
+    // Before item t's Q (or its no-work mark) goes into buffer t % NQ: item t - NQ is done with it.
+    auto wait_q_buffer = [&]() {
+      if (t >= NQ) mbar_wait(&q_empty[t % NQ], ((t / NQ) - 1) & 1);
+    };
     int n_fetch = 0;
     auto next_item = [&]() {  // all 128 producer threads
       if (ptid == 0) {
@@ -508,9 +517,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       if (!it.valid) continue;
       if (it.w.key_lo >= it.w.key_hi) {  // no row sees a key: the consumers write O and LSE
         if (ptid == 0) {
-          if (t > 0) mbar_wait(q_empty, (t - 1) & 1);
-          *current = wi;
-          mbar_arrive(q_full);
+          wait_q_buffer();
+          current[t % NQ] = wi;
+          mbar_arrive(&q_full[t % NQ]);
         }
         ++t;
         continue;
@@ -521,21 +530,23 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
       const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
       const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
-        for (int i = 0; i < n_tiles; ++i, ++g) {
+      for (int i = 0; i < n_tiles; ++i, ++g) {
         const int s = g % STAGES;
         if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
-        const bool whole =
-            fwd_load_kv<T, DQK, DV>(args, smem, s, seg, hk, (n_first + i) * BN, k, v, &full[s]);
+        const bool whole = fwd_load_kv<T, DQK, DV, true>(args, smem, s, seg, hk, (n_first + i) * BN,
+                                                         k, v, &full[s]);
         if (i == 0 && ptid == 0) {  // Q by TMA, after the first K/V tile's copies
-          if (t > 0) mbar_wait(q_empty, (t - 1) & 1);
-          *current = wi;
-          mbar_expect_tx(q_full, uint32_t(tile_bytes(BM, DQK)));
+          wait_q_buffer();
+          const int b = t % NQ;
+          current[b] = wi;
+          mbar_expect_tx(&q_full[b], uint32_t(L.q_stage));
           const int row = int(seg.q_row0 + it.w.m0);
+          unsigned char* q_dst = smem + L.q + b * L.q_stage;
 #pragma unroll
           for (int panel = 0; panel < DQK / 64; ++panel)
-            tma_load_3d(smem + L.q + panel * BM * kSwizzleBytes, &args.q_map, panel * 64, h, row,
-                        q_full);
-          mbar_arrive(q_full);
+            tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &args.q_map, panel * 64, h, row,
+                        &q_full[b]);
+          mbar_arrive(&q_full[b]);
         }
         if (!whole) {
           portable::cp_async_wait<0>();  // this thread's copies of a partial tile have landed
@@ -547,9 +558,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     }
     // No more work: the consumers find -1 with the next Q "tile".
     if (ptid == 0) {
-      if (t > 0) mbar_wait(q_empty, (t - 1) & 1);
-      *current = -1;
-      mbar_arrive(q_full);
+      wait_q_buffer();
+      current[t % NQ] = -1;
+      mbar_arrive(&q_full[t % NQ]);
     }
     return;
   }
@@ -558,16 +569,17 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   regs_alloc<C.consumer_regs>();
   int g = 0;  // K/V tiles consumed by this CTA so far (the producer's count)
   for (int t = 0;; ++t) {
-    mbar_wait(q_full, t & 1);
-    const int64_t wi = *static_cast<volatile int64_t*>(current);
+    const int b = t % NQ;
+    mbar_wait(&q_full[b], (t / NQ) & 1);
+    const int64_t wi = *static_cast<volatile int64_t*>(current + b);
     if (wi < 0) break;
-    const Item it = fetch(wi);  // inside a segment: the producer skipped the gaps
+    const Item it = fetch(wi);         // inside a segment: the producer skipped the gaps
     if (it.w.key_lo >= it.w.key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
       portable::write_unseen_tile<T, DV>(p, it.w, it.h, tid - 128, 128 * C.consumers);
-      mbar_arrive(q_empty);
+      mbar_arrive(&q_empty[b]);
       continue;
     }
-    g += fwd_consume<T, DQK, DV, true>(p, smem, it.w, it.h, g, full, empty, q_empty);
+    g += fwd_consume<T, DQK, DV, true>(p, smem, it.w, it.h, g, b, full, empty, &q_empty[b]);
   }
 }
 
