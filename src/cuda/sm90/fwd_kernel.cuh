@@ -190,23 +190,23 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     pin(sc);
     pin(acc_o);
   };
-  // Scale, mask, online softmax of S_i: P_i in place of the scores, the row statistics updated,
+  // Mask and online softmax of S_i: P_i in place of the scores, the row statistics updated,
   // and alpha, the factor O must be rescaled by before P_i V_i is added (applied by the caller:
-  // O may still be in flight in P_{i-1} V_{i-1} meanwhile).
+  // O may still be in flight in P_{i-1} V_{i-1} meanwhile). The scores reach the log2 domain
+  // inside the exponent, exp2(s * to_log2 - max), one FFMA per score (the row maximum is taken
+  // on the unscaled scores: the factor is positive), except under a softcap, whose tanh pass
+  // leaves them in the log2 domain already.
   float alpha[2];
   auto softmax = [&](int i) {
     const int n0 = (n_first + i) * BN;
+    float to_log2 = p.scale_log2;
     if (p.softcap > 0.f) {
       const float pre = p.scale / p.softcap, post = p.softcap * portable::kLog2e;
 #pragma unroll
       for (int f = 0; f < NF; ++f)
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[f][e] = portable::fast_tanh(sc[f][e] * pre) * post;
-    } else {
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[f][e] *= p.scale_log2;
+      to_log2 = 1.f;
     }
     if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
 #pragma unroll
@@ -225,10 +225,10 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float mx = row_max[half];
+      float mx = -INFINITY;
 #pragma unroll
       for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
-      mx = portable::quad_max(mx);
+      mx = fmaxf(row_max[half], portable::quad_max(mx) * to_log2);
       const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
       alpha[half] = portable::fast_exp2(row_max[half] - base);
       row_max[half] = mx;
@@ -237,7 +237,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
       for (int f = 0; f < NF; ++f)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pr = portable::fast_exp2(sc[f][2 * half + e] - base);
+          const float pr = portable::fast_exp2(fmaf(sc[f][2 * half + e], to_log2, -base));
           sc[f][2 * half + e] = pr;
           sum += pr;
         }
