@@ -10,6 +10,16 @@
 //   PackedTokens [nsplits, heads, total_q, dim], row = cu_q[b] + i: segments adjacent with no
 //                alignment. Not chosen by any plan; tests use it to rebuild the historical
 //                write-one-layout-read-another failure and show the checks catch it.
+// Within a slot, the tile order:
+//   Rows       row i of the segment at slot row i, its columns contiguous.
+//   Wgmma64    each 64-row tile of the segment (rows [64 t, 64 t + 64)) is dim / 8 panels of
+//              64 rows x 8 columns, a panel in the order of a wgmma m64n8 accumulator: warpgroup
+//              thread u = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2 holds (r, c), (r, c + 1),
+//              (r + 8, c), (r + 8, c + 1) for even c and r % 16 < 8, stored as 4 consecutive
+//              elements at 4 u of its panel. A warpgroup stores its dQ accumulators as one vector
+//              per thread and panel (contiguous, free of bank conflicts) and copies the tile out
+//              as one block. Needs whole tiles in every slot: the layout's align is a multiple of
+//              64, and the scheme Compact or PaddedBatch.
 #pragma once
 
 #include "core/defs.hpp"
@@ -21,6 +31,7 @@ namespace raggedattn {
 // fp16 (bf16's 8-bit mantissa would be coarser than a plain fp16 implementation of the math).
 enum class AccumType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
 enum class DqSlotScheme : int32_t { Compact = 0, PaddedBatch = 1, PackedTokens = 2 };
+enum class DqTileOrder : int32_t { Rows = 0, Wgmma64 = 1 };
 
 struct DqAccumLayout {
   AccumType type = AccumType::F32;
@@ -31,6 +42,10 @@ struct DqAccumLayout {
   int32_t dim = 0;
   int32_t align = 1;
   int64_t rows = 0;  // rows of one (split, head) plane; PaddedBatch: rows of one segment's slot
+  DqTileOrder order = DqTileOrder::Rows;
+
+  static constexpr int kTileRows = 64;                // Wgmma64: rows of a tile
+  static constexpr int kPanelElems = kTileRows * 8;   // Wgmma64: elements of a panel
 
   RATTN_HD int elem_bytes() const { return type == AccumType::F32 ? 4 : 2; }
 
@@ -52,6 +67,18 @@ struct DqAccumLayout {
                         : static_cast<int64_t>(split) * heads + head;
     return (plane * rows + slot_row0(b, cu_q_b) + i) * dim;
   }
+  // Element offset of (split, segment b, head, row i of the segment, column c): where a writer
+  // puts and a reader finds one element, in either tile order.
+  RATTN_HD int64_t at(int split, int b, int32_t cu_q_b, int head, int64_t i, int32_t c) const {
+    if (order == DqTileOrder::Rows) return offset(split, b, cu_q_b, head, i) + c;
+    const int64_t i0 = i - i % kTileRows;  // the tile's first row: offset() is the tile's base
+    return offset(split, b, cu_q_b, head, i0) + fragment_index(int32_t(i - i0), c);
+  }
+  // Wgmma64: (r, c) of a tile, r in [0, 64), within the tile's 64 x dim elements.
+  RATTN_HD static int32_t fragment_index(int32_t r, int32_t c) {
+    const int32_t u = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2;
+    return kPanelElems * (c / 8) + 4 * u + 2 * ((r % 16) / 8) + c % 2;
+  }
   RATTN_HD int64_t elements() const {
     int64_t planes =
         static_cast<int64_t>(nsplits) * heads * (scheme == DqSlotScheme::PaddedBatch ? batch : 1);
@@ -61,9 +88,13 @@ struct DqAccumLayout {
 };
 
 // The only constructor of layouts. total_q: rows of the Q tensor (an upper bound of cu_q[B]).
+// order Wgmma64: takes where the scheme gives every segment whole 64-row tiles (Compact,
+// PaddedBatch; align rounded up to a multiple of 64) and dim is whole panels; elsewhere the
+// result keeps Rows, and its `order` says which was applied.
 inline DqAccumLayout make_dq_accum_layout(DqSlotScheme scheme, AccumType type, int32_t nsplits,
                                           int32_t batch, int32_t heads, int32_t dim,
-                                          int64_t total_q, int32_t max_seqlen_q, int32_t align) {
+                                          int64_t total_q, int32_t max_seqlen_q, int32_t align,
+                                          DqTileOrder order = DqTileOrder::Rows) {
   DqAccumLayout l;
   l.type = type;
   l.scheme = scheme;
@@ -72,6 +103,11 @@ inline DqAccumLayout make_dq_accum_layout(DqSlotScheme scheme, AccumType type, i
   l.heads = heads;
   l.dim = dim;
   l.align = align;
+  if (order == DqTileOrder::Wgmma64 && scheme != DqSlotScheme::PackedTokens && dim % 8 == 0) {
+    l.order = DqTileOrder::Wgmma64;
+    l.align = int32_t(round_up(align, DqAccumLayout::kTileRows));
+    align = l.align;
+  }
   switch (scheme) {
     case DqSlotScheme::Compact:
       l.rows = RaggedTiles::bound(total_q, batch, align) * align;

@@ -61,18 +61,35 @@ void plan_bwd_workspace(PlanData* d) {
   const AccumType at = p.dq_accum == RATTN_DQ_ACCUM_FP32 ? AccumType::F32
                        : p.dtype == RATTN_DTYPE_FP16     ? AccumType::F16
                                                          : AccumType::BF16;
-  ws.dq_accum =
-      make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch, p.num_heads_q,
-                           p.head_dim_qk, p.total_q, p.max_seqlen_q, portable::kDqAccumAlign);
+  // The Hopper backward stages each dQ tile in shared memory in its accumulators' order and
+  // copies it out as one block (DqTileOrder::Wgmma64); the portable backward adds into the scratch
+  // directly, in row order.
+  const DqTileOrder order =
+      d->bwd.family == KernelFamily::Wgmma ? DqTileOrder::Wgmma64 : DqTileOrder::Rows;
+  ws.dq_accum = make_dq_accum_layout(DqSlotScheme::Compact, at, /*nsplits=*/1, p.batch,
+                                     p.num_heads_q, p.head_dim_qk, p.total_q, p.max_seqlen_q,
+                                     portable::kDqAccumAlign, order);
   size_t cursor = 0;
   ws.dq_accum_region = take(&cursor, size_t(ws.dq_accum.bytes()));
   ws.dpsum = take(&cursor, size_t(d->row_stats().elements(p.num_heads_q)) * sizeof(float));
   if (p.deterministic) {
     int64_t q_tiles = RaggedTiles::bound(p.total_q, p.batch, d->bwd.block_m);
     ws.locks = take(&cursor, size_t(q_tiles) * p.num_heads_q * sizeof(int32_t));
+  } else if (d->bwd.family == KernelFamily::Wgmma) {
+    // The Hopper backward takes its key tiles most work first (causal masking gives a segment's
+    // first tiles the most query steps, and long segments more than short ones).
+    ws.schedule = take(&cursor, size_t(d->bwd.tiles) * sizeof(TileCoord));
   }
   ws.total = round_up(int64_t(cursor), kRegionAlign);
-  d->fwd_ws.total = 0;
+}
+
+// The forward's scratch: the persistent kernel's work-item counter, nothing otherwise.
+void plan_fwd_workspace(PlanData* d) {
+  FwdWorkspace& ws = d->fwd_ws;
+  ws = FwdWorkspace{};
+  size_t cursor = 0;
+  if (d->fwd.item_ctas > 0) ws.work_counter = take(&cursor, sizeof(unsigned long long));
+  ws.total = round_up(int64_t(cursor), kRegionAlign);
 }
 
 // The portable path's launch shapes: every supported shape on sm80+, given the shared memory.
@@ -118,6 +135,7 @@ Status portable_shapes(PlanData* d) {
 
 Status plan_portable(PlanData* d) {
   RATTN_RETURN_IF_ERROR(portable_shapes(d));
+  plan_fwd_workspace(d);
   plan_bwd_workspace(d);
   return Status::Ok();
 }
@@ -153,14 +171,21 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
   d->path = Path::CudaSm90;
   // Forward tiles are query tiles (block_m rows), backward tiles key tiles (block_n rows).
   if (wgmma_forward && sm90::fwd_supports(p.head_dim_qk, p.head_dim_v)) {
-    const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v);
+    // The persistent kernel (one CTA per SM over all (query tile, head) items) for short
+    // documents, the grid kernel (one CTA per item) for long ones; each has its own buffers.
+    const int64_t tiles = RaggedTiles::bound(p.total_q, p.batch,
+                                             sm90::fwd_config(p.head_dim_qk, p.head_dim_v).block_m);
+    const int64_t ctas = sm90::fwd_ctas(d->caps.num_sms, tiles * p.num_heads_q, p.max_seqlen_q);
+    const bool persistent = ctas > 0;
+    const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v, persistent);
     d->fwd = LaunchShape{KernelFamily::Wgmma,
                          c.block_m,
                          c.block_n,
                          sm90::kFwdThreads,
                          c.stages,
-                         sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
-                         RaggedTiles::bound(p.total_q, p.batch, c.block_m)};
+                         sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, persistent).bytes,
+                         tiles};
+    d->fwd.item_ctas = ctas;
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk, p.head_dim_v);
@@ -179,6 +204,7 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                            d->caps.smem_per_block_optin);
     }
   }
+  plan_fwd_workspace(d);
   plan_bwd_workspace(d);
   return Status::Ok();
 }
@@ -321,8 +347,11 @@ std::string Plan::describe() const {
   if (d.path != Path::Cpu) {
     s += str_cat(
         " fwd[", kernel_family_name(d.fwd.family), " ", d.fwd.block_m, "x", d.fwd.block_n, " ",
-        d.fwd.threads, "thr ", d.fwd.smem_bytes / 1024, "KiB] bwd[",
-        kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
+        d.fwd.threads, "thr ", d.fwd.smem_bytes / 1024, "KiB",
+        d.fwd.item_ctas > 0
+            ? str_cat(" ", d.fwd.item_ctas, " CTAs over ", d.fwd.tiles * p.num_heads_q, " items")
+            : "",
+        "] bwd[", kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
         d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),

@@ -27,10 +27,17 @@ struct BwdWorkspace {
   Region dq_accum_region;  // dq_accum.bytes() at an aligned offset
   Region dpsum;            // fp32 dot(dO, O), RowStatLayout
   Region locks;            // int32 per (query tile, query head): deterministic ordering
+  // TileCoord per key tile (LaunchShape::tiles): the order the Hopper backward's CTAs take the key
+  // tiles in, most work first (written by sm90::bwd_lpt_schedule before each main kernel). Not in
+  // deterministic mode (its turns need each segment's tiles in order).
+  Region schedule;
   size_t total = 0;
 };
 
 struct FwdWorkspace {
+  // uint64: the Hopper forward's work-item counter, zeroed by the launch sequence before each
+  // kernel (LaunchShape::item_ctas > 0 only).
+  Region work_counter;
   size_t total = 0;
 };
 
@@ -51,6 +58,10 @@ struct LaunchShape {
   int stages = 1;
   size_t smem_bytes = 0;
   int64_t tiles = 0;  // the ragged tile map's index space (grid.x)
+  // > 0: a persistent kernel that takes the tiles x grid_y work items (the grid it would
+  // otherwise have) from a counter, its first from its CTA index, on a grid of (item_ctas, 1);
+  // 0: the grid kernel (sm90::fwd_ctas decides for the Hopper forward).
+  int64_t item_ctas = 0;
 };
 
 struct PlanData {

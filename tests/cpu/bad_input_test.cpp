@@ -375,6 +375,28 @@ TEST(BadInputs, WorkspaceTooSmall) {
   rattn_plan_destroy(cplan);
 }
 
+TEST(BadInputs, ForwardWorkspaceMissing) {
+  // The persistent Hopper forward (documents of at most sm90::kPersistentMaxSeqlenQ tokens) keeps
+  // its work counter in the forward's workspace: a forward call without it is refused before
+  // anything is launched, naming what the plan needs.
+  Call s;
+  Problem p = s.problem();
+  p.backend = RATTN_BACKEND_CUDA_SM90;
+#ifndef RATTN_WITH_SM90
+  GTEST_SKIP() << "this build has no Hopper path";
+#endif
+  Plan plan;
+  const Status made = make_plan(p, testing_util::fake_hopper_caps(), &plan);
+  ASSERT_TRUE(made.ok()) << made.message();
+  const size_t need = plan.workspace_bytes(Direction::Forward);
+  ASSERT_GT(need, 0u);
+  const Status st = forward(plan, s.fwd(), nullptr, 0);
+  EXPECT_EQ(st.code(), RATTN_ERROR_WORKSPACE);
+  EXPECT_THAT(st.message(), HasSubstr("0 bytes given; the plan needs " + std::to_string(need)));
+  EXPECT_EQ(forward(plan, s.fwd(), nullptr, need).code(), RATTN_ERROR_WORKSPACE);
+  s.expect_outputs_untouched();
+}
+
 TEST(BadInputs, EmptyPlan) {
   Call s;
   const FwdTensors f = s.fwd();

@@ -69,14 +69,16 @@ CorrectDq reference_dq() {
   return c;
 }
 
-// What a main kernel writing through `write` and a post kernel reading through `read` produce.
-HostTensor through_scratch(const CorrectDq& c, DqSlotScheme write, DqSlotScheme read) {
+DqAccumLayout layout_for(const CorrectDq& c, DqSlotScheme s,
+                         DqTileOrder order = DqTileOrder::Rows, int32_t align = 16) {
+  return make_dq_accum_layout(s, AccumType::F32, 1, c.spec.batch(), c.spec.hq, c.spec.dqk,
+                              c.layout.total_q, c.layout.max_q, align, order);
+}
+
+// What a main kernel writing through `w` and a post kernel reading through `r` produce.
+HostTensor through_scratch(const CorrectDq& c, const DqAccumLayout& w, const DqAccumLayout& r) {
   const PackLayout& l = c.layout;
   const int32_t batch = c.spec.batch(), heads = c.spec.hq, dim = c.spec.dqk;
-  auto make = [&](DqSlotScheme s) {
-    return make_dq_accum_layout(s, AccumType::F32, 1, batch, heads, dim, l.total_q, l.max_q, 16);
-  };
-  const DqAccumLayout w = make(write), r = make(read);
   std::vector<float> scratch(size_t(std::max(w.elements(), r.elements())), 0.f);
   HostTensor dq(RATTN_DTYPE_FP32, l.total_q, heads, dim);
   for (int b = 0; b < batch; ++b) {
@@ -84,7 +86,7 @@ HostTensor through_scratch(const CorrectDq& c, DqSlotScheme write, DqSlotScheme 
     for (int h = 0; h < heads; ++h) {
       for (int i = 0; i < s.len_q; ++i) {
         for (int d = 0; d < dim; ++d) {
-          scratch[size_t(w.offset(0, b, l.cu_q[size_t(b)], h, i) + d)] =
+          scratch[size_t(w.at(0, b, l.cu_q[size_t(b)], h, i, d))] =
               float(c.out.dq.view().at(s.q_row0 + i, h, d));
         }
       }
@@ -95,7 +97,7 @@ HostTensor through_scratch(const CorrectDq& c, DqSlotScheme write, DqSlotScheme 
     for (int h = 0; h < heads; ++h) {
       for (int i = 0; i < s.len_q; ++i) {
         for (int d = 0; d < dim; ++d) {
-          dq.set(s.q_row0 + i, h, d, scratch[size_t(r.offset(0, b, l.cu_q[size_t(b)], h, i) + d)]);
+          dq.set(s.q_row0 + i, h, d, scratch[size_t(r.at(0, b, l.cu_q[size_t(b)], h, i, d))]);
         }
       }
     }
@@ -107,7 +109,8 @@ class WrongLayoutPairing : public ::testing::TestWithParam<DqSlotScheme> {};
 
 TEST_P(WrongLayoutPairing, EverySegmentPastTheFirstFails) {
   const CorrectDq c = reference_dq();
-  const HostTensor wrong = through_scratch(c, DqSlotScheme::PackedTokens, GetParam());
+  const HostTensor wrong = through_scratch(c, layout_for(c, DqSlotScheme::PackedTokens),
+                                           layout_for(c, GetParam()));
   const std::vector<Metrics> m = verify::check_tensor(verify::Tensor::Dq, c.layout.segments,
                                                       wrong.view(), c.out.dq.view(), nullptr, {});
   ASSERT_EQ(m.size(), 4u);
@@ -124,9 +127,36 @@ TEST_P(WrongLayoutPairing, EverySegmentPastTheFirstFails) {
 TEST_P(WrongLayoutPairing, TheMatchingPairingPassesEverySegment) {
   // The control: the same data through one layout on both sides is exact for every segment.
   const CorrectDq c = reference_dq();
-  const HostTensor same = through_scratch(c, GetParam(), GetParam());
+  const HostTensor same =
+      through_scratch(c, layout_for(c, GetParam()), layout_for(c, GetParam()));
   for (const Metrics& m : verify::check_tensor(verify::Tensor::Dq, c.layout.segments, same.view(),
                                                c.out.dq.view(), nullptr, {})) {
+    EXPECT_TRUE(m.pass);
+    EXPECT_EQ(m.max_abs, 0.0);
+  }
+}
+
+// The same class of bug one level down: the Hopper backward's tile order (DqTileOrder::Wgmma64)
+// read back in row order, in the same slots. Only a segment's first row's first columns line up,
+// so every segment fails; the matching pairing is exact.
+TEST(WrongTileOrder, EverySegmentFailsAndTheMatchingOrderIsExact) {
+  const CorrectDq c = reference_dq();
+  const DqAccumLayout tiles = layout_for(c, DqSlotScheme::Compact, DqTileOrder::Wgmma64);
+  ASSERT_EQ(tiles.order, DqTileOrder::Wgmma64);
+  ASSERT_EQ(tiles.align, 64);
+  const DqAccumLayout rows = layout_for(c, DqSlotScheme::Compact, DqTileOrder::Rows, 64);
+  const std::vector<Metrics> wrong =
+      verify::check_tensor(verify::Tensor::Dq, c.layout.segments,
+                           through_scratch(c, tiles, rows).view(), c.out.dq.view(), nullptr, {});
+  ASSERT_EQ(wrong.size(), 4u);
+  for (size_t b = 0; b < wrong.size(); ++b) {
+    EXPECT_FALSE(wrong[b].pass) << "segment " << b << " read in the wrong tile order passed: cos "
+                                << wrong[b].cos << " rel " << wrong[b].rel;
+    EXPECT_GT(wrong[b].rel, 0.1) << "segment " << b;
+  }
+  for (const Metrics& m :
+       verify::check_tensor(verify::Tensor::Dq, c.layout.segments,
+                            through_scratch(c, tiles, tiles).view(), c.out.dq.view(), nullptr, {})) {
     EXPECT_TRUE(m.pass);
     EXPECT_EQ(m.max_abs, 0.0);
   }
@@ -144,7 +174,8 @@ TEST(HistoricalBug, AWholeBatchNormWouldHaveHiddenIt) {
   // norm right (segment 0 is the longest), so a batch-wide cosine is far closer to 1 than any
   // wrong segment's.
   const CorrectDq c = reference_dq();
-  const HostTensor wrong = through_scratch(c, DqSlotScheme::PackedTokens, DqSlotScheme::Compact);
+  const HostTensor wrong = through_scratch(c, layout_for(c, DqSlotScheme::PackedTokens),
+                                           layout_for(c, DqSlotScheme::Compact));
   const verify::SegmentRows all{0, 0, int32_t(c.layout.total_q), 0};
   const Metrics whole = verify::check_tensor(verify::Tensor::Dq, {all}, wrong.view(),
                                              c.out.dq.view(), nullptr, {})[0];

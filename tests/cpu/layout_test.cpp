@@ -169,6 +169,87 @@ TEST(DqAccumLayout, CompactRowsStayWithinTotalPlus16PerSegment) {
 
 // The ragged tile map: locate() inverts first()/count(), gaps are segment -1, and every tile
 // lies below bound().
+// DqTileOrder::Wgmma64, element by element: within each segment's slot the whole 64-row tiles
+// (rows past the segment's end included, as the Hopper backward writes them) are a permutation of
+// the slot's rows, no two (segment, head, row, column) share an element, and nothing leaves the
+// scratch.
+TEST(DqAccumLayout, Wgmma64TilesPermuteTheirSlotRows) {
+  for (int trial = 0; trial < 12; ++trial) {
+    std::vector<int32_t> lens = random_lengths(7000 + trial);
+    for (int32_t& l : lens) l = std::min(l, 200);
+    const std::vector<int32_t> cu = prefix_sums(lens);
+    const int32_t max_len = *std::max_element(lens.begin(), lens.end());
+    const int32_t dim = 64 * (1 + trial % 4);  // 64, 128, 192, 256
+    for (DqSlotScheme scheme : {DqSlotScheme::Compact, DqSlotScheme::PaddedBatch}) {
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << " dim " << dim << " scheme "
+                                        << int(scheme));
+      const DqAccumLayout l =
+          make_dq_accum_layout(scheme, AccumType::F32, 2, int32_t(lens.size()), 2, dim, cu.back(),
+                               max_len, kAlign, DqTileOrder::Wgmma64);
+      ASSERT_EQ(l.order, DqTileOrder::Wgmma64);
+      ASSERT_EQ(l.align % DqAccumLayout::kTileRows, 0);
+      std::vector<char> seen(size_t(l.elements()), 0);
+      for (int s = 0; s < 2; ++s) {
+        for (int b = 0; b < int(lens.size()); ++b) {
+          const int rows = int(round_up(lens[size_t(b)], DqAccumLayout::kTileRows));
+          for (int h = 0; h < 2; ++h) {
+            const int64_t base = l.offset(s, b, cu[size_t(b)], h, 0);
+            for (int i = 0; i < rows; ++i) {
+              for (int c = 0; c < dim; ++c) {
+                const int64_t e = l.at(s, b, cu[size_t(b)], h, i, c);
+                ASSERT_GE(e, base);
+                ASSERT_LT(e, base + int64_t(rows) * dim) << "row " << i << " column " << c
+                                                         << " of segment " << b << " leaves its slot";
+                ASSERT_EQ(seen[size_t(e)]++, 0) << "segment " << b << " head " << h << " row " << i
+                                                << " column " << c << " shares an element";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The kernel's side of Wgmma64: warpgroup thread u's fp32 accumulator of an m64nN wgmma holds,
+// for each 8-column fragment f, elements e = 0..3 at row 16 (u / 32) + (u % 32) / 4 + 8 (e / 2),
+// column 8 f + 2 (u % 4) + e % 2 (the PTX ISA's accumulator layout), and the Hopper backward stores
+// them as one vector at fragment_index(first row, first column) + f * kPanelElems.
+TEST(DqAccumLayout, Wgmma64IsTheAccumulatorFragmentOrder) {
+  for (int dim : {64, 128, 192, 256}) {
+    for (int u = 0; u < 128; ++u) {
+      const int row = 16 * (u / 32) + (u % 32) / 4, col = 2 * (u % 4);
+      const int32_t at0 = DqAccumLayout::fragment_index(row, col);
+      EXPECT_EQ(at0, 4 * u);
+      for (int f = 0; f < dim / 8; ++f) {
+        for (int e = 0; e < 4; ++e) {
+          EXPECT_EQ(DqAccumLayout::fragment_index(row + 8 * (e / 2), 8 * f + col + e % 2),
+                    at0 + f * DqAccumLayout::kPanelElems + e)
+              << "thread " << u << " fragment " << f << " element " << e;
+        }
+      }
+    }
+  }
+}
+
+// Tile order needs whole tiles in every slot: PackedTokens keeps row order, and the alignment is
+// raised to whole tiles.
+TEST(DqAccumLayout, Wgmma64OnlyWhereSlotsHoldWholeTiles) {
+  const DqAccumLayout packed = make_dq_accum_layout(
+      DqSlotScheme::PackedTokens, AccumType::F32, 1, 3, 2, 64, 300, 200, 16, DqTileOrder::Wgmma64);
+  EXPECT_EQ(packed.order, DqTileOrder::Rows);
+  const DqAccumLayout compact = make_dq_accum_layout(
+      DqSlotScheme::Compact, AccumType::BF16, 1, 3, 2, 64, 300, 200, 16, DqTileOrder::Wgmma64);
+  EXPECT_EQ(compact.order, DqTileOrder::Wgmma64);
+  EXPECT_EQ(compact.align, 64);
+  const DqAccumLayout rows = make_dq_accum_layout(DqSlotScheme::Compact, AccumType::BF16, 1, 3, 2,
+                                                  64, 300, 200, 16, DqTileOrder::Rows);
+  EXPECT_EQ(rows.align, 16);
+  for (int i = 0; i < 300; ++i) {
+    for (int c = 0; c < 64; ++c) EXPECT_EQ(rows.at(0, 0, 0, 1, i, c), rows.offset(0, 0, 0, 1, i) + c);
+  }
+}
+
 TEST(RaggedTiles, LocateInvertsFirstAndCount) {
   for (int trial = 0; trial < kLists; ++trial) {
     const std::vector<int32_t> lens = random_lengths(4000 + trial);
@@ -202,7 +283,21 @@ TEST(RaggedTiles, LocateInvertsFirstAndCount) {
   }
 }
 
-// The plan's dQ scratch: a simulated main kernel writes every (split, segment, head, row, column)
+// Rows a main kernel writes per segment: the Hopper backward (tile order Wgmma64) adds whole
+// 64-row tiles, rows past the segment's end included.
+int written_rows(const DqAccumLayout& l, int len) {
+  return l.order == DqTileOrder::Wgmma64 ? int(round_up(len, DqAccumLayout::kTileRows)) : len;
+}
+// Columns probed per row: both ends, and both sides of the first panel boundaries.
+std::vector<int> probe_columns(const DqAccumLayout& l) {
+  std::vector<int> c = {0, 1, 2, 7, 8, 9, l.dim - 1};
+  c.erase(std::remove_if(c.begin(), c.end(), [&](int x) { return x >= l.dim; }), c.end());
+  std::sort(c.begin(), c.end());
+  c.erase(std::unique(c.begin(), c.end()), c.end());
+  return c;
+}
+
+// The plan's dQ scratch: a simulated main kernel writes (split, segment, head, row, column)
 // through the layout the Plan stores, a simulated post kernel reads through the same object; every
 // write must land inside the region the workspace reserves, hit no other element, and be found
 // by the read. Run for the scheme the plan picks and for PaddedBatch placed in the same region.
@@ -216,10 +311,9 @@ void simulate_write_read(const DqAccumLayout& l, const Region& region, size_t ws
   for (int s = 0; s < l.nsplits; ++s) {
     for (int b = 0; b < int(lens.size()); ++b) {
       for (int h = 0; h < l.heads; ++h) {
-        for (int i = 0; i < lens[size_t(b)]; ++i) {
-          for (int d : {0, l.dim - 1}) {  // both ends of the row
-            const int64_t byte =
-                int64_t(region.offset) + (l.offset(s, b, cu[size_t(b)], h, i) + d) * eb;
+        for (int i = 0; i < written_rows(l, lens[size_t(b)]); ++i) {
+          for (int d : probe_columns(l)) {
+            const int64_t byte = int64_t(region.offset) + l.at(s, b, cu[size_t(b)], h, i, d) * eb;
             ASSERT_GE(byte, int64_t(region.offset));
             ASSERT_LE(byte + eb, int64_t(region.offset + region.bytes));
             ASSERT_TRUE(owner.emplace(byte, id++).second)
@@ -234,10 +328,9 @@ void simulate_write_read(const DqAccumLayout& l, const Region& region, size_t ws
   for (int s = 0; s < l.nsplits; ++s) {
     for (int b = 0; b < int(lens.size()); ++b) {
       for (int h = 0; h < l.heads; ++h) {
-        for (int i = 0; i < lens[size_t(b)]; ++i) {
-          for (int d : {0, l.dim - 1}) {  // both ends of the row
-            const int64_t byte =
-                int64_t(region.offset) + (l.offset(s, b, cu[size_t(b)], h, i) + d) * eb;
+        for (int i = 0; i < written_rows(l, lens[size_t(b)]); ++i) {
+          for (int d : probe_columns(l)) {
+            const int64_t byte = int64_t(region.offset) + l.at(s, b, cu[size_t(b)], h, i, d) * eb;
             ASSERT_EQ(owner.at(byte), id++);
           }
         }
@@ -246,7 +339,8 @@ void simulate_write_read(const DqAccumLayout& l, const Region& region, size_t ws
   }
 }
 
-Problem problem_for(const std::vector<int32_t>& lens, rattn_dq_accum accum, bool deterministic) {
+Problem problem_for(const std::vector<int32_t>& lens, rattn_dq_accum accum, bool deterministic,
+                    rattn_backend backend) {
   const std::vector<int32_t> cu = prefix_sums(lens);
   Problem p = default_problem();
   p.batch = int32_t(lens.size());
@@ -257,7 +351,7 @@ Problem problem_for(const std::vector<int32_t>& lens, rattn_dq_accum accum, bool
   p.head_dim_qk = p.head_dim_v = 64;
   p.dq_accum = accum;
   p.deterministic = deterministic;
-  p.backend = RATTN_BACKEND_CUDA_PORTABLE;
+  p.backend = backend;
   return p;
 }
 
@@ -271,22 +365,31 @@ TEST(PlanDqAccum, WriteAddressEqualsReadAddressInsideTheWorkspace) {
     for (int32_t& l : lens) l = std::min(l, 300);  // the simulation touches every row
     lens.push_back(5);                             // at least one row
     const std::vector<int32_t> cu = prefix_sums(lens);
-    for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
-      SCOPED_TRACE(::testing::Message() << "trial " << trial << " dq_accum " << int(accum));
-      Plan plan;
-      const Status s =
-          make_plan(problem_for(lens, accum, trial % 2), testing_util::fake_hopper_caps(), &plan);
-      ASSERT_TRUE(s.ok()) << s.message();
-      const BwdWorkspace& ws = plan.data().bwd_ws;
-      ASSERT_EQ(plan.workspace_bytes(Direction::Backward), ws.total);
-      simulate_write_read(ws.dq_accum, ws.dq_accum_region, ws.total, lens, cu);
-      // PaddedBatch with the plan's parameters, placed where the plan's region is.
-      const DqAccumLayout& c = ws.dq_accum;
-      const DqAccumLayout padded =
-          make_dq_accum_layout(DqSlotScheme::PaddedBatch, c.type, c.nsplits, c.batch, c.heads,
-                               c.dim, plan.problem().total_q, plan.problem().max_seqlen_q, c.align);
-      Region r{ws.dq_accum_region.offset, size_t(padded.bytes())};
-      simulate_write_read(padded, r, r.offset + r.bytes, lens, cu);
+    for (rattn_backend backend : {RATTN_BACKEND_CUDA_PORTABLE, RATTN_BACKEND_CUDA_SM90}) {
+      if (backend == RATTN_BACKEND_CUDA_SM90 && !path_in_build(Path::CudaSm90)) continue;
+      for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
+        SCOPED_TRACE(::testing::Message() << "trial " << trial << " backend " << int(backend)
+                                          << " dq_accum " << int(accum));
+        Plan plan;
+        const Status s = make_plan(problem_for(lens, accum, trial % 2, backend),
+                                   testing_util::fake_hopper_caps(), &plan);
+        ASSERT_TRUE(s.ok()) << s.message();
+        const BwdWorkspace& ws = plan.data().bwd_ws;
+        ASSERT_EQ(plan.workspace_bytes(Direction::Backward), ws.total);
+        // The Hopper backward's tiles in its accumulators' order, whole 64-row tiles per slot;
+        // the portable backward's rows in order.
+        const bool hopper = backend == RATTN_BACKEND_CUDA_SM90;
+        ASSERT_EQ(ws.dq_accum.order, hopper ? DqTileOrder::Wgmma64 : DqTileOrder::Rows);
+        ASSERT_EQ(ws.dq_accum.align % (hopper ? DqAccumLayout::kTileRows : 16), 0);
+        simulate_write_read(ws.dq_accum, ws.dq_accum_region, ws.total, lens, cu);
+        // PaddedBatch with the plan's parameters, placed where the plan's region is.
+        const DqAccumLayout& c = ws.dq_accum;
+        const DqAccumLayout padded = make_dq_accum_layout(
+            DqSlotScheme::PaddedBatch, c.type, c.nsplits, c.batch, c.heads, c.dim,
+            plan.problem().total_q, plan.problem().max_seqlen_q, c.align, c.order);
+        Region r{ws.dq_accum_region.offset, size_t(padded.bytes())};
+        simulate_write_read(padded, r, r.offset + r.bytes, lens, cu);
+      }
     }
   }
 }

@@ -92,6 +92,10 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
       EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
       EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
+      // Documents of 4096 tokens: the Hopper forward's grid kernel, no forward workspace.
+      EXPECT_EQ(plan.data().fwd.item_ctas, 0);
+      EXPECT_EQ(plan.data().bwd.item_ctas, 0);
+      EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
     } else {
       EXPECT_EQ(plan.path(), Path::CudaPortable);
     }
@@ -134,6 +138,49 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
   ASSERT_TRUE(make_plan(short_docs, fake_hopper_caps(), &plan).ok());
   EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
   EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
+}
+
+TEST(PlanPath, HopperForwardIsPersistentWhereTheDocumentsAreShort) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  // Up to sm90::kPersistentMaxSeqlenQ tokens in the longest document: the persistent kernel, one
+  // CTA per SM over all work items (never more CTAs than items), with its counter in the forward's
+  // workspace; above it, the grid kernel. The Plan says which.
+  const int sms = fake_hopper_caps().num_sms;
+  Problem p = long_problem(RATTN_BACKEND_CUDA_SM90);
+  p.batch = 8;  // 6000 tokens in documents of at most 1024
+  p.max_seqlen_q = p.max_seqlen_kv = sm90::kPersistentMaxSeqlenQ;
+  Plan plan;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+  const int64_t items = plan.data().fwd.tiles * p.num_heads_q;
+  ASSERT_GT(items, sms);
+  EXPECT_EQ(plan.data().fwd.item_ctas, sms);
+  EXPECT_THAT(plan.describe(),
+              HasSubstr(std::to_string(sms) + " CTAs over " + std::to_string(items) + " items]"));
+  EXPECT_EQ(plan.workspace_bytes(Direction::Forward), plan.data().fwd_ws.total);
+  EXPECT_GE(plan.data().fwd_ws.work_counter.bytes, sizeof(unsigned long long));
+  // The persistent kernel's own buffers (two Q tiles, two K/V stages at D = 128).
+  EXPECT_EQ(plan.data().fwd.stages, sm90::fwd_config(p.head_dim_qk, p.head_dim_v, true).stages);
+  EXPECT_EQ(plan.data().fwd.smem_bytes,
+            sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).bytes);
+  EXPECT_EQ(sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).q_buffers,
+            p.head_dim_qk <= 128 ? 2 : 1);
+
+  p.max_seqlen_q = p.max_seqlen_kv = sm90::kPersistentMaxSeqlenQ + 1;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+  EXPECT_EQ(plan.data().fwd.item_ctas, 0);
+  EXPECT_EQ(plan.data().fwd.smem_bytes, sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes);
+  EXPECT_THAT(plan.describe(), ::testing::Not(HasSubstr("CTAs over")));
+  EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
+
+  // Fewer items than SMs: one CTA each, none idle.
+  Problem tiny = p;
+  tiny.batch = 1;
+  tiny.total_q = tiny.total_kv = tiny.max_seqlen_q = tiny.max_seqlen_kv = 100;
+  tiny.num_heads_q = 4;
+  tiny.num_heads_kv = 2;
+  ASSERT_TRUE(make_plan(tiny, fake_hopper_caps(), &plan).ok());
+  EXPECT_EQ(plan.data().fwd.item_ctas, plan.data().fwd.tiles * 4);
+  EXPECT_LT(plan.data().fwd.item_ctas, sms);
 }
 
 TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
@@ -293,6 +340,11 @@ void expect_consistent_workspace(const Plan& plan) {
                   size_t(d.problem.num_heads_q) * sizeof(int32_t));
     regions.push_back(ws.locks);
   }
+  // The Hopper backward's key-tile order: one TileCoord per key tile of its grid, outside
+  // deterministic mode only (its turns need each segment's tiles in order); no other path has one.
+  const bool schedule = d.bwd.family == KernelFamily::Wgmma && !d.problem.deterministic;
+  EXPECT_EQ(ws.schedule.bytes, schedule ? size_t(d.bwd.tiles) * sizeof(TileCoord) : 0u);
+  if (schedule) regions.push_back(ws.schedule);
   std::sort(regions.begin(), regions.end(),
             [](const Region& a, const Region& b) { return a.offset < b.offset; });
   for (size_t i = 0; i < regions.size(); ++i) {

@@ -51,8 +51,14 @@ class Fixture : public ::testing::Test {
     UploadInts(layout_.cu_kv, &cu_kv_);
     UploadInts(layout_.off_q, &off_q_);
     UploadInts(layout_.off_kv, &off_kv_);
+    // Each direction's workspace as the plan sizes it (the persistent Hopper forward keeps its
+    // work counter in the forward's).
     ws_.bytes = plan_.workspace_bytes(Direction::Backward);
     CUDA_OK(cudaMalloc(&ws_.ptr, ws_.bytes));
+    fwd_ws_.bytes = plan_.workspace_bytes(Direction::Forward);
+    if (fwd_ws_.bytes > 0) {
+      CUDA_OK(cudaMalloc(&fwd_ws_.ptr, fwd_ws_.bytes));
+    }
   }
   void Upload(const verify::HostTensor& t, DeviceTensor* d) {
     d->bytes = t.bytes();
@@ -103,7 +109,7 @@ class Fixture : public ::testing::Test {
   Plan plan_;
   verify::HostInputs inputs_;
   verify::HostOutputs outputs_;
-  DeviceTensor q_, k_, v_, do_, o_, lse_, dq_, dk_, dv_, cu_q_, cu_kv_, off_q_, off_kv_, ws_;
+  DeviceTensor q_, k_, v_, do_, o_, lse_, dq_, dk_, dv_, cu_q_, cu_kv_, off_q_, off_kv_, ws_, fwd_ws_;
 };
 
 // The CUDA paths this machine runs: the portable one, and the Hopper one on an sm_90 device.
@@ -131,7 +137,7 @@ TEST_F(Fixture, DeterministicBackwardIsBitwiseStableOver20Runs) {
   for (rattn_backend backend : cuda_paths())
     for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
       Prepare(pack_case(backend, true, accum));
-      RATTN_OK(forward(plan_, Fwd(), nullptr, 0));
+      RATTN_OK(forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes));
       std::vector<unsigned char> first[3];
       for (int run = 0; run < 20; ++run) {
         Poison(dq_);
@@ -168,7 +174,7 @@ TEST_F(Fixture, GraphCaptureReplaysToTheSameBytes) {
 
 void Fixture::ReplaysToTheSameBytes(const verify::CaseSpec& spec) {
   Prepare(spec);
-  RATTN_OK(forward(plan_, Fwd(), nullptr, 0));
+  RATTN_OK(forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes));
   RATTN_OK(backward(plan_, Bwd(), ws_.ptr, ws_.bytes));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const DeviceTensor* outs[5] = {&o_, &lse_, &dq_, &dk_, &dv_};
@@ -179,7 +185,7 @@ void Fixture::ReplaysToTheSameBytes(const verify::CaseSpec& spec) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const Status f = forward(plan_, Fwd(), nullptr, 0, stream);
+  const Status f = forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes, stream);
   const Status b = backward(plan_, Bwd(), ws_.ptr, ws_.bytes, stream);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   ASSERT_TRUE(f.ok()) << f.message();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,51 @@ INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
                          [](const ::testing::TestParamInfo<SuiteParam>& info) {
                            return info.param.label;
                          });
+
+// The Hopper forward's two kernels (sm90::fwd_ctas): the persistent one, one CTA per SM over all
+// work items, where the longest document has at most kPersistentMaxSeqlenQ tokens; the grid one,
+// one CTA per item, above it. Each must match the reference, and the Plan must have chosen it (the
+// persistent kernel's description says "N CTAs over M items", the grid kernel's says nothing).
+TEST(HopperForward, BothKernelsMatchTheReference) {
+  RATTN_REQUIRE_SM90();
+  const int sms = query_device().num_sms;
+  const int at_limit = sm90::kPersistentMaxSeqlenQ;
+  struct Schedule {
+    const char* name;
+    std::vector<int32_t> lens;
+    int32_t hq, hkv;
+    bool persistent;
+  };
+  const Schedule schedules[] = {
+      {"persistent", {at_limit, 300, 1, 77}, 16, 4, true},
+      {"grid", {at_limit + 77, 200, 33}, 8, 2, false},
+      {"grid_mqa", {33, at_limit + 1}, 4, 1, false},
+  };
+  for (const Schedule& sc : schedules) {
+    SCOPED_TRACE(sc.name);
+    CaseSpec c;
+    c.name = sc.name;
+    c.seqlens_q = sc.lens;
+    c.hq = sc.hq;
+    c.hkv = sc.hkv;
+    c.mask = RATTN_MASK_CAUSAL;
+    c.backend = RATTN_BACKEND_CUDA_SM90;
+    verify::RunOptions opt;
+    opt.seed = gpu_test::run_seed();
+    const verify::CaseReport r = verify::run_case(c, opt);
+    EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << gpu_test::table(r);
+    std::smatch m;
+    const bool said = std::regex_search(r.path, m, std::regex("(\\d+) CTAs over (\\d+) items"));
+    if (sc.persistent) {
+      ASSERT_TRUE(said) << r.path;
+      const long ctas = std::stol(m[1].str()), items = std::stol(m[2].str());
+      ASSERT_GT(items, sms) << "the case must have more work items than the device has SMs";
+      EXPECT_EQ(ctas, sms) << r.path;
+    } else {
+      EXPECT_FALSE(said) << "the grid kernel was expected: " << r.path;
+    }
+  }
+}
 
 // Random ragged problems at the Hopper kernels' head dims: every mask, window, softcap, GQA/MQA,
 // padded THD, zero-length and length-1 segments, lengths that are not multiples of 16.

@@ -118,6 +118,16 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
 }
 
 Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
+  if (d.bwd_ws.dq_accum.order != DqTileOrder::Rows) {  // the Plan orders tiles for Hopper only
+    return not_supported("backward",
+                         "the portable backward adds into the dQ scratch in row order; this plan's "
+                         "scratch is in the Hopper backward's tile order");
+  }
+  if (d.bwd_ws.schedule.bytes != 0) {  // likewise the key tiles' order
+    return not_supported("backward",
+                         "the portable backward takes its key tiles in grid order; this plan has "
+                         "the Hopper backward's schedule");
+  }
   return run_backward(d, t, workspace, stream, &launch_portable_bwd);
 }
 

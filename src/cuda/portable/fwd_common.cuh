@@ -1,5 +1,6 @@
 // The forward CTA's prologue, shared by the portable (mma.sync) and Hopper (wgmma) forward
-// kernels: which query tile of which segment the CTA owns and the band of keys its rows see.
+// kernels: which query tile of which segment the CTA owns and the band of keys its rows see, and
+// the outputs of a tile that sees none.
 #pragma once
 
 #include "cuda/portable/params.hpp"
@@ -23,6 +24,20 @@ __device__ __forceinline__ QueryTileWork query_tile_work(const FwdParams& p, con
   w.key_lo = p.mask.key_begin(w.m0, w.seg.len_q, w.seg.len_kv);
   w.key_hi = p.mask.key_end(w.m0 + w.rows - 1, w.seg.len_q, w.seg.len_kv);
   return w;
+}
+
+// A query tile no row of which sees a key (w.key_lo >= w.key_hi): O = 0 and LSE = -inf for its rows
+// of head h, written by n threads, this one being the t-th.
+template <class T, int DV>
+__device__ __forceinline__ void write_unseen_tile(const FwdParams& p, const QueryTileWork& w, int h,
+                                                  int t, int n) {
+  T* o = static_cast<T*>(p.o) + p.o_layout.offset(w.seg.q_row0 + w.m0, h);
+  float* lse = p.lse + p.stats.offset(h, w.seg.q_row0 + w.m0);
+  for (int c = t; c < w.rows * (DV / 8); c += n) {
+    const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
+    *reinterpret_cast<uint4*>(o + r * p.o_layout.token_stride + col) = make_uint4(0, 0, 0, 0);
+  }
+  for (int r = t; r < w.rows; r += n) lse[r] = -INFINITY;
 }
 
 }  // namespace portable

@@ -48,11 +48,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   const int64_t o_stride = p.o_layout.token_stride;
 
   if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-    for (int c = tid; c < rows * (DV / 8); c += NT) {
-      const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
-      *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
-    }
-    for (int r = tid; r < rows; r += NT) lse[r] = -INFINITY;
+    write_unseen_tile<T, DV>(p, w, h, tid, NT);
     return;
   }
 

@@ -55,6 +55,9 @@ struct BwdParams {
   void* dq_accum_ptr;
   float* dpsum;
   int32_t* locks;  // deterministic mode only
+  // The Hopper backward's key-tile order (BwdWorkspace::schedule): CTA x takes key tile
+  // schedule[x]; null: the tile map's x-th.
+  const TileCoord* schedule;
   float scale_log2;
   float scale;
   float softcap;
@@ -113,6 +116,7 @@ inline BwdParams make_bwd_params(const PlanData& d, const BwdTensors& t, void* w
   p.dq_accum_ptr = d.bwd_ws.dq_accum_region.in<void>(workspace);
   p.dpsum = d.bwd_ws.dpsum.in<float>(workspace);
   p.locks = d.bwd_ws.locks.in<int32_t>(workspace);
+  p.schedule = d.bwd_ws.schedule.in<TileCoord>(workspace);
   p.scale = d.scale;
   p.scale_log2 = d.scale * kLog2e;
   p.softcap = d.problem.softcap;

@@ -1,7 +1,8 @@
 // The backward's small kernels around the main one:
 //   dot_do_o    D[h, row] = sum_d dO * O in fp32 (the softmax-gradient row term);
-//   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::offset —
-//               the same function, from the same Plan object, the main kernel wrote through.
+//   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::at — the
+//               same function, from the same Plan object, the main kernel wrote through (in
+//               either tile order).
 // Both walk the rows of every segment with the ragged tile map (kPostRows rows per CTA).
 #pragma once
 
@@ -74,13 +75,31 @@ __global__ void __launch_bounds__(kPostThreads)
   }
 }
 
-// acc[0..8) += eight 16-bit values at src (one 16-byte load).
+// acc[2q], acc[2q + 1] += the pair of columns (col + 2q, col + 2q + 1) of row r, for q < 4: in
+// either tile order of DqAccumLayout a pair is two adjacent elements (8 bytes in fp32, 4 in 16
+// bits), and in row order the four pairs are adjacent too.
+__device__ __forceinline__ void add_pair(float* acc, const float* src) {
+  const float2 x = *reinterpret_cast<const float2*>(src);
+  acc[0] += x.x;
+  acc[1] += x.y;
+}
 template <class E>
-__device__ __forceinline__ void add_8(float (&acc)[8], const E* src) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const E* v = reinterpret_cast<const E*>(&raw);
+struct alignas(2 * sizeof(E)) Pair {
+  E x, y;
+};
+template <class E>
+__device__ __forceinline__ void add_pair(float* acc, const E* src) {
+  const Pair<E> x = *reinterpret_cast<const Pair<E>*>(src);
+  acc[0] += to_float(x.x);
+  acc[1] += to_float(x.y);
+}
+template <class E>
+__device__ __forceinline__ void add_8(float (&acc)[8], const E* accum, const DqAccumLayout& l,
+                                      int split, int b, int32_t cu_q_b, int h, int r, int col) {
 #pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] += to_float(v[e]);
+  for (int q = 0; q < 4; ++q) {
+    add_pair(acc + 2 * q, accum + l.at(split, b, cu_q_b, h, r, col + 2 * q));
+  }
 }
 
 struct ConvertParams {
@@ -108,23 +127,13 @@ __global__ void __launch_bounds__(kPostThreads)
     const int r = r0 + c / chunks, col = (c % chunks) * 8;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int split = 0; split < p.layout.nsplits; ++split) {
-      const int64_t off = p.layout.offset(split, b, seg.cu_q, h, r) + col;
       if (p.layout.type == AccumType::F32) {
-        const float4* src =
-            reinterpret_cast<const float4*>(static_cast<const float*>(p.accum) + off);
-        const float4 x = src[0], y = src[1];
-        acc[0] += x.x;
-        acc[1] += x.y;
-        acc[2] += x.z;
-        acc[3] += x.w;
-        acc[4] += y.x;
-        acc[5] += y.y;
-        acc[6] += y.z;
-        acc[7] += y.w;
+        add_8(acc, static_cast<const float*>(p.accum), p.layout, split, b, seg.cu_q, h, r, col);
       } else if (p.layout.type == AccumType::BF16) {
-        add_8(acc, static_cast<const __nv_bfloat16*>(p.accum) + off);
+        add_8(acc, static_cast<const __nv_bfloat16*>(p.accum), p.layout, split, b, seg.cu_q, h, r,
+              col);
       } else {
-        add_8(acc, static_cast<const __half*>(p.accum) + off);
+        add_8(acc, static_cast<const __half*>(p.accum), p.layout, split, b, seg.cu_q, h, r, col);
       }
     }
     uint4 out;

@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr int STAGES = C.stages;
   static_assert(bwd_supports(DQK, DV), "the head dims of bwd_columns");
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
+  static_assert(BM == DqAccumLayout::kTileRows, "a query step's dQ is one tile of the scratch");
   using Mma = portable::MmaType<T>;
   using portable::smem_addr;
 
@@ -81,7 +82,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
-  const TileCoord tc = p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
+  // The key tile: the schedule's x-th (most work first) where the Plan made one.
+  const TileCoord tc = p.schedule != nullptr ? p.schedule[blockIdx.x]
+                                             : p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
   if (tc.segment < 0) return;
   const int b = tc.segment, hk = blockIdx.y;
   const portable::KeyTileWork w = portable::key_tile_work<BM, BN>(p, tc);
@@ -186,12 +189,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         mbar_arrive(&full[s]);
       }
     } else if (warp == 1 && lane == 0) {
-      // ---- dQ: each step's tile, rows [m0, m0 + valid) of head h, into the scratch.
+      // ---- dQ: each step's tile, rows [m0, m0 + BM) of head h, into the scratch.
       for (int it = 0; it < n_it; ++it) {
         const int h = hk * p.group + it / m_count;
         const int m_tile = m_first + it % m_count;
         const int m0 = m_tile * BM;
-        const int valid = min(BM, seg.len_q - m0);
         mbar_wait(dq_full, it & 1);
         int32_t* lock = nullptr;
         int expected = 0;
@@ -202,14 +204,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           while (atomicAdd(lock, 0) != expected) __nanosleep(64);
           __threadfence();
         }
+        // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
+        // they hold, land in its own slot's last tile and are never read).
         const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
         if (p.dq_accum.type == AccumType::F32) {
           bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + off, smem + L.dq,
-                          uint32_t(valid) * DQK * 4);
+                          uint32_t(BM) * DQK * 4);
         } else {
           // The 16-bit scratch is in the input's own format (the Plan's AccumType).
           bulk_reduce_add(static_cast<T*>(p.dq_accum_ptr) + off, smem + L.dq,
-                          uint32_t(valid) * DQK * 2);
+                          uint32_t(BM) * DQK * 2);
         }
         bulk_commit();
         if (lock) {
@@ -442,26 +446,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       pin(acc_dv);
       pin(acc_dk);
 
-      // The dQ tile into shared memory, row-major in the scratch's element type (the bulk reduce's
-      // source), once warp 1 has read out the previous one.
+      // The dQ tile into shared memory in the scratch's element type and tile order (the bulk
+      // reduce's source; DqAccumLayout::Wgmma64: this thread's four elements of each 8-column
+      // panel are one vector, the warpgroup's 128 vectors of a panel contiguous), once warp 1 has
+      // read out the previous one.
       if (it > 0) mbar_wait(dq_empty, (it - 1) & 1);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = warp_in_wg * 16 + lane / 4 + 8 * half;
-        const int col = dq0 + 2 * (lane % 4);
+      {
+        const int32_t at0 =
+            DqAccumLayout::fragment_index(warp_in_wg * 16 + lane / 4, dq0 + 2 * (lane % 4));
         if (p.dq_accum.type == AccumType::F32) {
-          float* row = reinterpret_cast<float*>(smem + L.dq) + r * DQK + col;
+          float* dst = reinterpret_cast<float*>(smem + L.dq) + at0;
 #pragma unroll
           for (int f = 0; f < DQN / 8; ++f) {
-            *reinterpret_cast<float2*>(row + f * 8) =
-                make_float2(dq[f][2 * half], dq[f][2 * half + 1]);
+            *reinterpret_cast<float4*>(dst + f * DqAccumLayout::kPanelElems) =
+                make_float4(dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
           }
         } else {
-          T* row = reinterpret_cast<T*>(smem + L.dq) + r * DQK + col;
+          T* dst = reinterpret_cast<T*>(smem + L.dq) + at0;
 #pragma unroll
           for (int f = 0; f < DQN / 8; ++f) {
-            *reinterpret_cast<uint32_t*>(row + f * 8) =
-                Mma::pack(dq[f][2 * half], dq[f][2 * half + 1]);
+            *reinterpret_cast<uint2*>(dst + f * DqAccumLayout::kPanelElems) =
+                make_uint2(Mma::pack(dq[f][0], dq[f][1]), Mma::pack(dq[f][2], dq[f][3]));
           }
         }
       }

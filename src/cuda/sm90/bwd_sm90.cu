@@ -9,11 +9,26 @@
 #include "cuda/bwd_sequence.hpp"
 #include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/schedule.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 
 namespace raggedattn {
 namespace cuda {
 namespace {
+
+// One backward main launch at head dims DQK / DV, after the key tiles' order where the Plan asks
+// for one (schedule.cuh; its tiles are the kernel's, from bwd_config).
+template <class T, int DQK, int DV>
+cudaError_t launch_dims(const sm90::BwdTmaParams& a, const PlanData& d, cudaStream_t s) {
+  constexpr sm90::BwdConfig c = sm90::bwd_config(DQK, DV);
+  if (a.p.schedule != nullptr) {
+    sm90::bwd_lpt_schedule<c.block_m, c.block_n><<<1, sm90::kScheduleThreads, 0, s>>>(
+        a.p, const_cast<TileCoord*>(a.p.schedule), int(d.bwd.tiles));
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return launch_kernel(sm90::bwd_kernel<T, DQK, DV>, d.bwd, d.problem.num_heads_kv, a, s);
+}
 
 // `maps`: the kernel's parameters with the TMA maps made by sm90_backward before the launch
 // sequence (run_backward's context); the launch adds the sequence's BwdParams.
@@ -26,13 +41,13 @@ cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d,
   // (sm90::bwd_supports).
   switch (d.problem.head_dim_qk) {
     case 64:
-      return launch_kernel(sm90::bwd_kernel<T, 64, 64>, d.bwd, d.problem.num_heads_kv, a, s);
+      return launch_dims<T, 64, 64>(a, d, s);
     case 128:
-      return launch_kernel(sm90::bwd_kernel<T, 128, 128>, d.bwd, d.problem.num_heads_kv, a, s);
+      return launch_dims<T, 128, 128>(a, d, s);
     case 192:
-      return launch_kernel(sm90::bwd_kernel<T, 192, 128>, d.bwd, d.problem.num_heads_kv, a, s);
+      return launch_dims<T, 192, 128>(a, d, s);
     default:
-      return launch_kernel(sm90::bwd_kernel<T, 256, 256>, d.bwd, d.problem.num_heads_kv, a, s);
+      return launch_dims<T, 256, 256>(a, d, s);
   }
 }
 
@@ -54,6 +69,17 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
     return not_supported(
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
         ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n);
+  }
+  // The kernel stages each dQ tile in its accumulators' order and adds it into the scratch as
+  // one block, so the scratch must be in that order with whole 64-row tiles (the Plan's).
+  const DqAccumLayout& dq = d.bwd_ws.dq_accum;
+  if (dq.order != DqTileOrder::Wgmma64 || dq.align % d.bwd.block_m != 0 ||
+      d.bwd.block_m != DqAccumLayout::kTileRows) {
+    return not_supported("backward",
+                         "the Hopper backward writes the dQ scratch in 64-row wgmma tiles; this "
+                         "plan's scratch has tile order ",
+                         int(dq.order), ", alignment ", dq.align, " for query tiles of ",
+                         d.bwd.block_m);
   }
   sm90::BwdTmaParams maps{};
   RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q_map, pr.dtype, t.q, d.q(),

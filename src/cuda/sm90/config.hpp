@@ -54,10 +54,20 @@ RATTN_HD constexpr bool fits_register_pool(const WsConfig& c) {
 // thread of the Q tile spill under 40); at D = 256 the O accumulator (m64n256, 128
 // registers) leaves room for a 64-key score tile only, and two stages fit next to the 64 KiB Q
 // tile.
-RATTN_HD constexpr FwdConfig fwd_config(int dqk, int /*dv*/) {
+// The persistent kernel (`persistent`) double-buffers Q where that leaves at least two K/V stages
+// (D = 64 and 128; fwd_q_buffers), so an item's Q loads while the previous item runs; at D = 128
+// that costs the third stage. Its producer then takes 56 registers (its bookkeeping of two Q
+// buffers spilled 36 B under 40) and the consumers 224.
+RATTN_HD constexpr int fwd_q_buffers(int dqk, int /*dv*/, bool persistent) {
+  return persistent && dqk <= 128 ? 2 : 1;
+}
+RATTN_HD constexpr FwdConfig fwd_config(int dqk, int dv, bool persistent = false) {
   return dqk == 256   ? FwdConfig{128, 64, 2, 2, 40, 232}
          : dqk == 192 ? FwdConfig{128, 128, 2, 2, 56, 224}
-                      : FwdConfig{128, 128, 2, 3, 40, 232};
+         : dqk == 128 && fwd_q_buffers(dqk, dv, persistent) == 2
+             ? FwdConfig{128, 128, 2, 2, 56, 224}
+         : fwd_q_buffers(dqk, dv, persistent) == 2 ? FwdConfig{128, 128, 2, 3, 56, 224}
+                                                   : FwdConfig{128, 128, 2, 3, 40, 232};
 }
 // Every head dims' config has the same warpgroups (fwd_config_ok), so one thread count.
 constexpr int kFwdConsumers = 2;
@@ -66,18 +76,34 @@ RATTN_HD constexpr bool fwd_config_ok(FwdConfig c) {
 }
 constexpr int kFwdThreads = ws_threads(fwd_config(128, 128));
 static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128, 128)) &&
-                  fwd_config_ok(fwd_config(192, 128)) && fwd_config_ok(fwd_config(256, 256)),
+                  fwd_config_ok(fwd_config(192, 128)) && fwd_config_ok(fwd_config(256, 256)) &&
+                  fwd_config_ok(fwd_config(64, 64, true)) &&
+                  fwd_config_ok(fwd_config(128, 128, true)),
               "one wgmma M per consumer warpgroup, and the warpgroups' registers after "
               "reallocation within the CTA's pool");
 
 // The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
 // forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
-// with the TMA ping-pong forward (docs/PERFORMANCE.md, 2026-11-30; 32k tokens of equal causal
-// documents, Hq 32 / Hkv 8, D 128, TFLOP/s portable against Hopper): 64 tokens 25 / 13, 128
-// 69 / 46, 256 120 / 101, 512 175 / 193, 768 204 / 261, 1024 224 / 317. Below 512 a CTA runs one
-// to four key tiles and the warp-specialized CTA's start-up is not amortized. A forced cuda_sm90
-// runs every problem it supports on the Hopper kernels in both directions.
-constexpr int kAutoMinSeqlenKv = 512;
+// (docs/PERFORMANCE.md items 18 and 24; 32k tokens of equal causal documents, Hq 32 / Hkv 8,
+// D 128, forward TFLOP/s, portable against the persistent Hopper forward): 128 tokens 69 / 55,
+// 256 119 / 120, 384 152 / 172, 512 175 / 207, 768 204 / 271. Below 384 a CTA's items have one
+// to three key tiles and the portable kernel is level or ahead. A forced cuda_sm90 runs every
+// problem it supports on the Hopper kernels in both directions.
+constexpr int kAutoMinSeqlenKv = 384;
+
+// The Hopper forward's schedule (LaunchShape::item_ctas): 0 for the grid kernel (one CTA per
+// query tile x head, the hardware's block dispatch), or the CTA count of the persistent kernel
+// (one CTA per SM over work_items items, the first from its CTA index, the rest from a counter).
+// Persistent where the longest document has at most kPersistentMaxSeqlenQ tokens: the set-up is
+// then paid once per SM and the next item's loads overlap the current one's epilogue. Measured on
+// the H200 (docs/PERFORMANCE.md items 24 and 27): persistence +7-20% on documents of 128-512
+// tokens and +13-16% on docs_short_32k; on long documents the persistent kernel, and the same
+// kernel with one CTA per item, lost 2-7%, hence the grid kernel there.
+constexpr int kPersistentMaxSeqlenQ = 1024;
+inline int64_t fwd_ctas(int num_sms, int64_t work_items, int64_t max_seqlen_q) {
+  if (max_seqlen_q > kPersistentMaxSeqlenQ || work_items <= 0) return 0;
+  return num_sms < work_items ? int64_t(num_sms) : work_items;
+}
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
@@ -177,22 +203,32 @@ static_assert(bwd_columns_ok(64, 64) && bwd_columns_ok(128, 128) && bwd_columns_
 
 struct FwdSmem {
   size_t q, k, v;  // byte offsets from the 1024-aligned base
-  size_t k_stage, v_stage;
-  size_t bars;   // mbarriers: Q full, then full[stages], empty[stages]
+  size_t q_stage, k_stage, v_stage;
+  int q_buffers;
+  size_t bars;   // mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages]
+  size_t slots;  // the persistent kernel's work items: fetched[2], current[q_buffers]
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
-  const FwdConfig c = fwd_config(dqk, dv);
+RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
+  const FwdConfig c = fwd_config(dqk, dv, persistent);
   FwdSmem s{};
+  s.q_buffers = fwd_q_buffers(dqk, dv, persistent);
+  s.q_stage = tile_bytes(c.block_m, dqk);
   s.k_stage = tile_bytes(c.block_n, dqk);
   s.v_stage = tile_bytes(c.block_n, dv);
   s.q = 0;
-  s.k = s.q + tile_bytes(c.block_m, dqk);
+  s.k = s.q + s.q_buffers * s.q_stage;
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
-  s.bytes = s.bars + (1 + 2 * c.stages) * 8 + kSmemAlign;
+  s.slots = s.bars + (2 * s.q_buffers + 2 * c.stages) * 8;
+  s.bytes = s.slots + (2 + s.q_buffers) * 8 + kSmemAlign;
   return s;
 }
+static_assert(fwd_smem(64, 64, true).bytes <= 227 * 1024 &&
+                  fwd_smem(128, 128, true).bytes <= 227 * 1024 &&
+                  fwd_smem(192, 128, true).bytes <= 227 * 1024 &&
+                  fwd_smem(256, 256, true).bytes <= 227 * 1024,
+              "the persistent forward's buffers fit an H100/H200 CTA's shared memory");
 
 // Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; dS^T
 // ([key][query], the A operand of dQ = dS K read M-major) in two buffers: under the key split

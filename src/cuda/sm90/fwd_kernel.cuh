@@ -1,8 +1,16 @@
-// Forward kernel of the Hopper path (sm_90a): one CTA per (query tile of a segment, query head).
-// Warp-specialized: a producer warpgroup copies Q (cp.async) and the K/V tiles (TMA inside a
-// segment) into shared memory, a ring of K/V stages handed over with mbarriers; two consumer
-// warpgroups of 64 query rows each run wgmma with register accumulators, taking turns to issue
-// their products (ping-pong: one's softmax overlaps the other's products).
+// Forward kernels of the Hopper path (sm_90a), two schedules over the same work items (query
+// tile of a segment, query head) and the same consumer code (fwd_consume):
+//   fwd_kernel             one CTA per item, grid (tiles, heads): the hardware's block dispatch.
+//                          The Plan's choice where documents are long.
+//   fwd_persistent_kernel  one CTA per SM taking items from a counter (its first from its CTA
+//                          index): barriers and register split set up once per SM, the next
+//                          item's loads overlapping the current one's last product and epilogue.
+//                          The Plan's choice where the longest document is short
+//                          (sm90::fwd_ctas).
+// Warp-specialized: a producer warpgroup copies Q and the K/V tiles (TMA inside a segment) into
+// shared memory, a ring of K/V stages handed over with mbarriers; two consumer warpgroups of 64
+// query rows each run wgmma with register accumulators, taking turns to issue their products
+// (ping-pong: one's softmax overlaps the other's products).
 //
 // The tiles and stages per head dims are config.hpp's fwd_config (D = 64, 128, 256, 192/128).
 // Per key tile n (128 keys at D = 128), in a consumer:
@@ -33,129 +41,102 @@ namespace sm90 {
 
 using portable::FwdParams;
 
-// The kernel's parameters: the shared forward parameters and the TMA maps of K and V (boxes of
-// block_n rows, tensor_map.hpp).
+// The kernels' parameters: the shared forward parameters, the TMA maps (tensor_map.hpp) and, for
+// the persistent kernel, the work items' extent (the Plan's LaunchShape) and counter (the
+// forward's workspace).
 struct FwdTmaParams {
   FwdParams p;
-  CUtensorMap k_map, v_map;
+  CUtensorMap q_map;                 // boxes of block_m rows (the persistent kernel's Q)
+  CUtensorMap k_map, v_map;          // boxes of block_n rows
+  int64_t work_tiles;                // the ragged tile map's index space (LaunchShape::tiles)
+  int heads;                         // query heads: work items = work_tiles x heads
+  unsigned long long* work_counter;  // items claimed past the first gridDim.x; zero at launch
 };
 
-template <class T, int DQK, int DV>
-__global__ void __launch_bounds__(kFwdThreads, 1)
-    fwd_kernel(const __grid_constant__ FwdTmaParams args) {
-  const FwdParams& p = args.p;
-  constexpr FwdConfig C = fwd_config(DQK, DV);
+// The K/V ring's barriers: full[s] completes with the producer warpgroup's 128 arrivals (and the
+// stage's TMA bytes), empty[s] with every consumer thread's.
+template <int DQK, int DV, bool kPersistent>
+__device__ __forceinline__ void init_kv_ring(uint64_t* full, uint64_t* empty) {
+  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
+  for (int s = 0; s < C.stages; ++s) {
+    mbar_init(&full[s], 128);
+    mbar_init(&empty[s], 128 * C.consumers);
+  }
+}
+
+// The producer's copy of K/V tile rows [n0, n0 + block_n) of KV head hk (k, v: the segment's
+// first key row of that head) into stage s: inside the segment by TMA (thread 0 issues one box
+// per 64-column panel of each tensor, completing on `full`'s transaction count), a segment's
+// partial last tile by cp.async with zero fill (V rows past a segment may hold anything, NaN
+// included, and P V would carry it into O), committed. Returns whether the tile was whole (the
+// caller waits for its own cp.async copies otherwise). All 128 producer threads.
+template <class T, int DQK, int DV, bool kPersistent>
+__device__ __forceinline__ bool fwd_load_kv(const FwdTmaParams& args, unsigned char* smem, int s,
+                                            const Segment& seg, int hk, int n0, const T* k,
+                                            const T* v, uint64_t* full) {
+  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
+  constexpr int BN = C.block_n;
+  constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
+  const int ptid = threadIdx.x;
+  unsigned char* k_dst = smem + L.k + s * L.k_stage;
+  unsigned char* v_dst = smem + L.v + s * L.v_stage;
+  const bool whole = seg.len_kv - n0 >= BN;
+  if (whole) {
+    if (ptid == 0) {
+      mbar_expect_tx(full, uint32_t(L.k_stage + L.v_stage));
+      const int row = int(seg.kv_row0 + n0);
+#pragma unroll
+      for (int panel = 0; panel < DQK / 64; ++panel)
+        tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row, full);
+#pragma unroll
+      for (int panel = 0; panel < DV / 64; ++panel)
+        tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row, full);
+    }
+  } else {
+    const int64_t k_stride = args.p.k_layout.token_stride, v_stride = args.p.v_layout.token_stride;
+    load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
+                                  ptid);
+    load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
+                                 ptid);
+    portable::cp_async_commit();
+  }
+  return whole;
+}
+
+// A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
+// head h) with Q in shared memory (Q buffer q_buf): the key loop over the item's K/V tiles, which
+// are the CTA's K/V tiles g, g + 1, ... (stage (g + i) % STAGES), then O and LSE. kPersistent: the
+// persistent kernel's buffers (fwd_config / fwd_smem with persistent set), arrive on q_empty once
+// the item's last score product has landed (the producer may then replace Q), and keep the Q
+// address opaque at every head dim (the item loop around this otherwise spills at D = 128).
+// Returns the number of K/V tiles consumed.
+template <class T, int DQK, int DV, bool kPersistent>
+__device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* smem,
+                                           const portable::QueryTileWork& w, int h, int g,
+                                           int q_buf, uint64_t* full, uint64_t* empty,
+                                           uint64_t* q_empty) {
+  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
   constexpr int NF = BN / 8;  // n8 fragments of a score row block
   constexpr int OF = DV / 8;  // n8 fragments of the output row block (one m64nDV accumulator)
   constexpr int KSTEPS = DQK / 16;
-  constexpr FwdSmem L = fwd_smem(DQK, DV);
+  constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
   static_assert(DV == 64 || DV == 128 || DV == 256, "P V is one m64nDV instruction per 16 keys");
   static_assert(BN == 64 || BN == 128, "S is one m64n(BN) instruction per 16 head-dim columns");
   using Mma = portable::MmaType<T>;
 
-  extern __shared__ unsigned char smem_raw[];
-  // The integer round trip, not aligned_smem (hopper.cuh): the forward reaches its tiles by TMA,
-  // ldmatrix, wgmma descriptors and 32-bit addresses, so it has no generic access to remove, and
-  // with aligned_smem it measured 2-3% slower in two A/B runs on the H200 (PERFORMANCE.md item 21).
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
-  uint64_t* full = q_full + 1;      // [STAGES]: a K/V tile has landed (producer arrivals)
-  uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
-
   const int tid = threadIdx.x, lane = tid % 32;
-  const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
-  const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
-  if (tc.segment < 0) return;
-  const int h = blockIdx.y, hk = h / p.group;
-  const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
+  const int cw = tid / 128 - 1, warp_in_wg = (tid % 128) / 32;
+  const uint32_t q_addr = portable::smem_addr(smem + L.q + q_buf * L.q_stage);
+  const uint32_t k_addr = portable::smem_addr(smem + L.k);
+  const uint32_t v_addr = portable::smem_addr(smem + L.v);
   const Segment seg = w.seg;
-  const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
-
+  const int m0 = w.m0, rows = w.rows;
+  const int n_first = w.key_lo / BN;
+  const int n_tiles = (w.key_hi - 1) / BN - n_first + 1;
   T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
   float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
   const int64_t o_stride = p.o_layout.token_stride;
-
-  if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-    for (int c = tid; c < rows * (DV / 8); c += kFwdThreads) {
-      const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
-      *reinterpret_cast<uint4*>(o + r * o_stride + col) = make_uint4(0, 0, 0, 0);
-    }
-    for (int r = tid; r < rows; r += kFwdThreads) lse[r] = -INFINITY;
-    return;
-  }
-  const int n_first = key_lo / BN;
-  const int n_tiles = (key_hi - 1) / BN - n_first + 1;
-
-  if (tid == 0) {
-    mbar_init(q_full, 128);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128 * C.consumers);
-    }
-  }
-  __syncthreads();  // barriers initialized before anyone arrives or waits
-
-  if (wg == 0) {
-    // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
-    // freed it. A tile inside its segment comes by TMA (thread 0 issues one box per 64-column
-    // panel of each tensor, completing on the stage's barrier); a segment's partial last tile by
-    // cp.async with zero fill (V rows past a segment may hold anything, NaN included, and P V
-    // would carry it into O).
-    // Every thread arrives once its own copies have landed and are visible to the async proxy, so
-    // a stage's barrier completes when all 128 threads and the TMA bytes are in.
-    regs_dealloc<C.producer_regs>();
-    const int ptid = tid;
-    const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
-    const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
-    const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
-    const int64_t k_stride = p.k_layout.token_stride, v_stride = p.v_layout.token_stride;
-    load_tile_sw128<BM, DQK, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
-    portable::cp_async_commit();
-    for (int i = 0; i < n_tiles; ++i) {
-      const int s = i % STAGES;
-      if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
-      const int n0 = (n_first + i) * BN;
-      unsigned char* k_dst = smem + L.k + s * L.k_stage;
-      unsigned char* v_dst = smem + L.v + s * L.v_stage;
-      const bool whole = seg.len_kv - n0 >= BN;
-      if (whole) {
-        if (ptid == 0) {
-          mbar_expect_tx(&full[s], uint32_t(L.k_stage + L.v_stage));
-          const int row = int(seg.kv_row0 + n0);
-#pragma unroll
-          for (int panel = 0; panel < DQK / 64; ++panel)
-            tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row,
-                        &full[s]);
-#pragma unroll
-          for (int panel = 0; panel < DV / 64; ++panel)
-            tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row,
-                        &full[s]);
-        }
-      } else {
-        load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
-                                    ptid);
-        load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
-                                    ptid);
-        portable::cp_async_commit();
-      }
-      if (i == 0 || !whole) {
-        portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
-        fence_proxy_async_smem();
-      }
-      if (i == 0) mbar_arrive(q_full);
-      mbar_arrive(&full[s]);
-    }
-    return;
-  }
-
-  // ---- Consumers: 64 query rows each.
-  regs_alloc<C.consumer_regs>();
-  const int cw = wg - 1, warp_in_wg = (tid % 128) / 32;
-  const uint32_t q_addr = portable::smem_addr(smem + L.q);
-  const uint32_t k_addr = portable::smem_addr(smem + L.k);
-  const uint32_t v_addr = portable::smem_addr(smem + L.v);
 
   float acc_o[OF][4];
   float row_max[2], row_sum[2];
@@ -168,7 +149,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   uint32_t a[BN / 16][4];  // P of the current tile, the register A operand of P V
   float sc[NF][4];
-
   auto issue_pv = [&](int stage) {
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
@@ -185,9 +165,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   };
   auto issue_s = [&](int stage) {
     uint32_t q_base = q_addr;
-    if constexpr (DQK > 128) {
-      // Opaque past D = 128: otherwise the compiler keeps the KSTEPS loop-invariant Q descriptors
-      // (64 bits each) in registers across the key loop, which spills.
+    if constexpr (kPersistent || DQK > 128) {
+      // Opaque past D = 128 (and in the persistent kernel): otherwise the compiler keeps the
+      // KSTEPS loop-invariant Q descriptors (64 bits each) in registers across the key loop,
+      // which spills.
       asm volatile("" : "+r"(q_base));
     }
 #pragma unroll
@@ -209,23 +190,23 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     pin(sc);
     pin(acc_o);
   };
-  // Scale, mask, online softmax of S_i: P_i in place of the scores, the row statistics updated,
+  // Mask and online softmax of S_i: P_i in place of the scores, the row statistics updated,
   // and alpha, the factor O must be rescaled by before P_i V_i is added (applied by the caller:
-  // O may still be in flight in P_{i-1} V_{i-1} meanwhile).
+  // O may still be in flight in P_{i-1} V_{i-1} meanwhile). The scores reach the log2 domain
+  // inside the exponent, exp2(s * to_log2 - max), one FFMA per score (the row maximum is taken
+  // on the unscaled scores: the factor is positive), except under a softcap, whose tanh pass
+  // leaves them in the log2 domain already.
   float alpha[2];
   auto softmax = [&](int i) {
     const int n0 = (n_first + i) * BN;
+    float to_log2 = p.scale_log2;
     if (p.softcap > 0.f) {
       const float pre = p.scale / p.softcap, post = p.softcap * portable::kLog2e;
 #pragma unroll
       for (int f = 0; f < NF; ++f)
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[f][e] = portable::fast_tanh(sc[f][e] * pre) * post;
-    } else {
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[f][e] *= p.scale_log2;
+      to_log2 = 1.f;
     }
     if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
 #pragma unroll
@@ -244,10 +225,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float mx = row_max[half];
+      float mx = -INFINITY;
 #pragma unroll
       for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
-      mx = portable::quad_max(mx);
+      mx = fmaxf(row_max[half], portable::quad_max(mx) * to_log2);
       const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
       alpha[half] = portable::fast_exp2(row_max[half] - base);
       row_max[half] = mx;
@@ -256,7 +237,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       for (int f = 0; f < NF; ++f)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pr = portable::fast_exp2(sc[f][2 * half + e] - base);
+          const float pr = portable::fast_exp2(fmaf(sc[f][2 * half + e], to_log2, -base));
           sc[f][2 * half + e] = pr;
           sum += pr;
         }
@@ -304,20 +285,18 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     }
   };
   if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
-
-  mbar_wait(q_full, 0);
-  mbar_wait(&full[0], 0);
+  mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
   my_turn();
   wgmma_fence();
-  issue_s(0);
+  issue_s(g % STAGES);
   wgmma_commit();
   pass_turn();
   wait_products();
   softmax(0);
   rescale_and_pack();
   for (int i = 1; i < n_tiles; ++i) {
-    const int stage = i % STAGES, prev = (i - 1) % STAGES;
-    mbar_wait(&full[stage], (i / STAGES) & 1);
+    const int gi = g + i, stage = gi % STAGES, prev = (gi - 1) % STAGES;
+    mbar_wait(&full[stage], (gi / STAGES) & 1);
     my_turn();
     wgmma_fence();
     issue_s(stage);
@@ -333,14 +312,18 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
     rescale_and_pack();
   }
+  if constexpr (kPersistent) {
+    mbar_arrive(q_empty);  // every score product of this item has landed: Q may be replaced
+  }
+  const int last = (g + n_tiles - 1) % STAGES;
   my_turn();
   wgmma_fence();
-  issue_pv((n_tiles - 1) % STAGES);
+  issue_pv(last);
   wgmma_commit();
   if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
   wgmma_wait<0>();
   pin(acc_o);
-  mbar_arrive(&empty[(n_tiles - 1) % STAGES]);
+  mbar_arrive(&empty[last]);
 
   // Epilogue: normalize and write this thread's O elements; LSE in natural log.
 #pragma unroll
@@ -357,6 +340,246 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       }
       if (lane % 4 == 0) lse[r] = l > 0.f ? row_max[half] * portable::kLn2 + logf(l) : -INFINITY;
     }
+  }
+  return n_tiles;
+}
+
+// One CTA per work item: grid (tiles, heads), the tile index from the last (heaviest causal
+// tiles first).
+template <class T, int DQK, int DV>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdTmaParams args) {
+  const FwdParams& p = args.p;
+  constexpr FwdConfig C = fwd_config(DQK, DV);
+  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
+  constexpr FwdSmem L = fwd_smem(DQK, DV);
+
+  extern __shared__ unsigned char smem_raw[];
+  // The integer round trip, not aligned_smem (hopper.cuh): the forward reaches its tiles by TMA,
+  // ldmatrix, wgmma descriptors and 32-bit addresses, so it has no generic access to remove, and
+  // with aligned_smem it measured 2-3% slower in two A/B runs on the H200 (PERFORMANCE.md item 21).
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
+  uint64_t* full = q_full + 1;      // [STAGES]: a K/V tile has landed (producer arrivals)
+  uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
+  const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
+  if (tc.segment < 0) return;
+  const int h = blockIdx.y, hk = h / p.group;
+  const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
+  const Segment seg = w.seg;
+  const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
+
+  if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
+    portable::write_unseen_tile<T, DV>(p, w, h, tid, kFwdThreads);
+    return;
+  }
+  const int n_first = key_lo / BN;
+  const int n_tiles = (key_hi - 1) / BN - n_first + 1;
+
+  if (tid == 0) {
+    mbar_init(q_full, 128);
+    init_kv_ring<DQK, DV, false>(full, empty);
+  }
+  __syncthreads();  // barriers initialized before anyone arrives or waits
+
+  if (wg == 0) {
+    // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
+    // freed it. A tile inside its segment comes by TMA (thread 0 issues one box per 64-column
+    // panel of each tensor, completing on the stage's barrier); a segment's partial last tile by
+    // cp.async with zero fill (V rows past a segment may hold anything, NaN included, and P V
+    // would carry it into O).
+    // Every thread arrives once its own copies have landed and are visible to the async proxy, so
+    // a stage's barrier completes when all 128 threads and the TMA bytes are in.
+    regs_dealloc<C.producer_regs>();
+    const int ptid = tid;
+    const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
+    const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
+    const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
+    load_tile_sw128<BM, DQK, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
+    portable::cp_async_commit();
+    for (int i = 0; i < n_tiles; ++i) {
+      const int s = i % STAGES;
+      if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
+      const bool whole = fwd_load_kv<T, DQK, DV, false>(args, smem, s, seg, hk, (n_first + i) * BN,
+                                                        k, v, &full[s]);
+      if (i == 0 || !whole) {
+        portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
+        fence_proxy_async_smem();
+      }
+      if (i == 0) mbar_arrive(q_full);
+      mbar_arrive(&full[s]);
+    }
+    return;
+  }
+
+  // ---- Consumers: 64 query rows each.
+  regs_alloc<C.consumer_regs>();
+  mbar_wait(q_full, 0);
+  fwd_consume<T, DQK, DV, false>(p, smem, w, h, 0, 0, full, empty, nullptr);
+}
+
+// One CTA per SM (or per item, where there are fewer items): items from blockIdx.x, then from
+// the work counter, in the order described below.
+template <class T, int DQK, int DV>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_persistent_kernel(const __grid_constant__ FwdTmaParams args) {
+  const FwdParams& p = args.p;
+  constexpr FwdConfig C = fwd_config(DQK, DV, true);
+  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
+  constexpr FwdSmem L = fwd_smem(DQK, DV, true);
+  constexpr int NQ = L.q_buffers;  // item t's Q in buffer t % NQ
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = aligned_smem(smem_raw);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);  // [NQ]: a Q tile has landed
+  uint64_t* q_empty = q_full + NQ;  // [NQ]: both consumers' score products are done with it
+  uint64_t* full = q_empty + NQ;    // [STAGES]: a K/V tile has landed (producer arrivals)
+  uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
+  // The producer's fetched work item (two slots, alternating) and, per Q buffer, the consumers'
+  // item (-1: no more work), written under that buffer's q_empty and read after its q_full.
+  int64_t* fetched = reinterpret_cast<int64_t*>(smem + L.slots);  // [2]
+  int64_t* current = fetched + 2;                                 // [NQ]
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
+  // Work item wi: KV head major, then the tile-map index from the last (a segment's last,
+  // heaviest causal tiles first), then the query heads of the KV head's GQA group fastest. The
+  // group's heads read the same K/V tiles at about the same time, and the CTAs in flight together
+  // stream the K/V of about one KV head, which stays in L2. (Query head fastest over all heads
+  // made the CTAs in flight read every KV head's keys at once: 64 MB on a 16k document, more
+  // than L2, and measured 6% slower there than the grid of the non-persistent kernel.)
+  // CTA b starts with item b and then takes the next unclaimed one from the work counter
+  // (dynamic: under causal masking an item costs 1 to max_seqlen / block_n key tiles, and a
+  // fixed stride measured 25% slower on long documents).
+  // The producer fetches and hands each item inside a segment to the consumers with its Q tile
+  // (an item no row of which sees a key without one), so both sides count the same Q uses and
+  // K/V stages.
+  const int64_t work_tiles = args.work_tiles, n_work = work_tiles * args.heads;
+  struct Item {
+    portable::QueryTileWork w;
+    int h;
+    bool valid;  // false: the index falls in a gap between segments
+  };
+  auto fetch = [&](int64_t wi) {
+    Item it;
+    const int64_t rest = wi / p.group;  // (KV head, tile) pairs
+    it.h = int(rest / work_tiles) * p.group + int(wi % p.group);
+    const TileCoord tc = p.tiles.locate(work_tiles - 1 - rest % work_tiles, p.segs.cu_q);
+    it.valid = tc.segment >= 0;
+    if (it.valid) it.w = portable::query_tile_work<BM>(p, tc);
+    return it;
+  };
+
+  if (tid == 0) {
+    for (int b = 0; b < NQ; ++b) {
+      mbar_init(&q_full[b], 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
+      mbar_init(&q_empty[b], 128 * C.consumers);
+    }
+    init_kv_ring<DQK, DV, true>(full, empty);
+  }
+  __syncthreads();  // barriers initialized before anyone arrives or waits
+
+  if (wg == 0) {
+    // ---- Producer: per work item, K/V tile i into stage g % STAGES (g counts the CTA's K/V
+    // tiles over all its items) once both consumers freed it, and Q into buffer t % NQ once the
+    // consumers' last score product of item t - NQ has landed (that buffer's q_empty). A K/V tile
+    // inside its segment comes by TMA (thread 0 issues one box per 64-column panel of each tensor,
+    // completing on the stage's barrier); a segment's partial last tile by cp.async with zero fill
+    // (V rows past a segment may hold anything, NaN included, and P V would carry it into O). Every
+    // thread arrives once its own copies have landed and are visible to the async proxy, so a
+    // stage's barrier completes when all 128 threads and the TMA bytes are in. Q always comes by
+    // TMA, even past its segment's end: a query row's O depends on that row of Q only, and the rows
+    // past the segment are never written (past the tensor's end TMA fills zeros).
+    regs_dealloc<C.producer_regs>();
+    const int ptid = tid;
+    int g = 0;  // K/V tiles loaded by this CTA so far
+    int t = 0;  // work items handed to the consumers so far (the Q buffers' uses)
+    // Before item t's Q (or its no-work mark) goes into buffer t % NQ: item t - NQ is done with it.
+    auto wait_q_buffer = [&]() {
+      if (t >= NQ) mbar_wait(&q_empty[t % NQ], ((t / NQ) - 1) & 1);
+    };
+    int n_fetch = 0;
+    auto next_item = [&]() {  // all 128 producer threads
+      if (ptid == 0) {
+        fetched[n_fetch & 1] =
+            n_fetch == 0 ? int64_t(blockIdx.x)
+                         : int64_t(gridDim.x) + int64_t(atomicAdd(args.work_counter, 1ull));
+      }
+      named_barrier_sync(4, 128);  // the slot is written; the other slot's last read is done
+      return fetched[(n_fetch++) & 1];
+    };
+    for (int64_t wi = next_item(); wi < n_work; wi = next_item()) {
+      const Item it = fetch(wi);
+      if (!it.valid) continue;
+      if (it.w.key_lo >= it.w.key_hi) {  // no row sees a key: the consumers write O and LSE
+        if (ptid == 0) {
+          wait_q_buffer();
+          current[t % NQ] = wi;
+          mbar_arrive(&q_full[t % NQ]);
+        }
+        ++t;
+        continue;
+      }
+      const Segment seg = it.w.seg;
+      const int h = it.h, hk = h / p.group;
+      const int n_first = it.w.key_lo / BN;
+      const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
+      const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
+      const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
+      for (int i = 0; i < n_tiles; ++i, ++g) {
+        const int s = g % STAGES;
+        if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
+        const bool whole = fwd_load_kv<T, DQK, DV, true>(args, smem, s, seg, hk, (n_first + i) * BN,
+                                                         k, v, &full[s]);
+        if (i == 0 && ptid == 0) {  // Q by TMA, after the first K/V tile's copies
+          wait_q_buffer();
+          const int b = t % NQ;
+          current[b] = wi;
+          mbar_expect_tx(&q_full[b], uint32_t(L.q_stage));
+          const int row = int(seg.q_row0 + it.w.m0);
+          unsigned char* q_dst = smem + L.q + b * L.q_stage;
+#pragma unroll
+          for (int panel = 0; panel < DQK / 64; ++panel)
+            tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &args.q_map, panel * 64, h, row,
+                        &q_full[b]);
+          mbar_arrive(&q_full[b]);
+        }
+        if (!whole) {
+          portable::cp_async_wait<0>();  // this thread's copies of a partial tile have landed
+          fence_proxy_async_smem();
+        }
+        mbar_arrive(&full[s]);
+      }
+      ++t;
+    }
+    // No more work: the consumers find -1 with the next Q "tile".
+    if (ptid == 0) {
+      wait_q_buffer();
+      current[t % NQ] = -1;
+      mbar_arrive(&q_full[t % NQ]);
+    }
+    return;
+  }
+
+  // ---- Consumers: 64 query rows each, item after item.
+  regs_alloc<C.consumer_regs>();
+  int g = 0;  // K/V tiles consumed by this CTA so far (the producer's count)
+  for (int t = 0;; ++t) {
+    const int b = t % NQ;
+    mbar_wait(&q_full[b], (t / NQ) & 1);
+    const int64_t wi = *static_cast<volatile int64_t*>(current + b);
+    if (wi < 0) break;
+    const Item it = fetch(wi);         // inside a segment: the producer skipped the gaps
+    if (it.w.key_lo >= it.w.key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
+      portable::write_unseen_tile<T, DV>(p, it.w, it.h, tid - 128, 128 * C.consumers);
+      mbar_arrive(&q_empty[b]);
+      continue;
+    }
+    g += fwd_consume<T, DQK, DV, true>(p, smem, it.w, it.h, g, b, full, empty, &q_empty[b]);
   }
 }
 

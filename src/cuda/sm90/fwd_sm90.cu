@@ -13,25 +13,33 @@ namespace raggedattn {
 namespace cuda {
 namespace {
 
-// The instantiations: bf16 and fp16 at head dims 64, 128, 192/128 and 256 (sm90::fwd_supports).
+// The instantiations: bf16 and fp16 at head dims 64, 128, 192/128 and 256 (sm90::fwd_supports),
+// each as the grid kernel and the persistent kernel (the Plan's LaunchShape::item_ctas picks).
+template <class T, int DQK, int DV>
+cudaError_t launch_dims(const sm90::FwdTmaParams& a, const PlanData& d, cudaStream_t s) {
+  const int hq = d.problem.num_heads_q;
+  return d.fwd.item_ctas > 0
+             ? launch_kernel(sm90::fwd_persistent_kernel<T, DQK, DV>, d.fwd, hq, a, s)
+             : launch_kernel(sm90::fwd_kernel<T, DQK, DV>, d.fwd, hq, a, s);
+}
+
 template <class T>
 cudaError_t launch(const sm90::FwdTmaParams& a, const PlanData& d, cudaStream_t s) {
-  const int hq = d.problem.num_heads_q;
   switch (d.problem.head_dim_qk) {
     case 64:
-      return launch_kernel(sm90::fwd_kernel<T, 64, 64>, d.fwd, hq, a, s);
+      return launch_dims<T, 64, 64>(a, d, s);
     case 192:
-      return launch_kernel(sm90::fwd_kernel<T, 192, 128>, d.fwd, hq, a, s);
+      return launch_dims<T, 192, 128>(a, d, s);
     case 256:
-      return launch_kernel(sm90::fwd_kernel<T, 256, 256>, d.fwd, hq, a, s);
+      return launch_dims<T, 256, 256>(a, d, s);
     default:
-      return launch_kernel(sm90::fwd_kernel<T, 128, 128>, d.fwd, hq, a, s);
+      return launch_dims<T, 128, 128>(a, d, s);
   }
 }
 
 }  // namespace
 
-Status sm90_forward(const PlanData& d, const FwdTensors& t, void* /*workspace*/, void* stream) {
+Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, void* stream) {
   const Problem& pr = d.problem;
   if (pr.total_q == 0) return Status::Ok();
   if (!sm90::fwd_supports(pr.head_dim_qk, pr.head_dim_v)) {  // the Plan never sends these here
@@ -41,13 +49,30 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* /*workspace*/,
   }
   sm90::FwdTmaParams a{};
   a.p = portable::make_fwd_params(d, t);
+  a.work_tiles = d.fwd.tiles;
+  a.heads = pr.num_heads_q;
+  a.work_counter = d.fwd_ws.work_counter.in<unsigned long long>(workspace);
+  if (d.fwd.item_ctas > 0) {  // the persistent kernel's Q comes by TMA
+    RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(),
+                                       pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.fwd.block_m));
+  }
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, pr.dtype, t.k, d.k(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, pr.dtype, t.v, d.v(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_v, d.fwd.block_n));
+  if (d.fwd.item_ctas > 0 && a.work_counter == nullptr) {  // the Plan sizes the workspace for it
+    return not_supported("forward",
+                         "the persistent Hopper forward takes work items from a counter in the "
+                         "forward's workspace; this plan has ", d.fwd.item_ctas,
+                         " CTAs and no work counter");
+  }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const cudaError_t e =
-      pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(a, d, s) : launch<__half>(a, d, s);
+  // The work counter starts at zero on every call (in a captured graph: a memset node).
+  cudaError_t e = cudaSuccess;
+  if (d.fwd.item_ctas > 0) e = cudaMemsetAsync(a.work_counter, 0, sizeof(unsigned long long), s);
+  if (e == cudaSuccess) {
+    e = pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(a, d, s) : launch<__half>(a, d, s);
+  }
   if (e == cudaSuccess) return Status::Ok();
   return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: forward (sm90): ", cudaGetErrorName(e), ": ",
                                           cudaGetErrorString(e)));

@@ -16,7 +16,8 @@ namespace sm90 {
 // itself, so the compiler still knows the result points into shared memory; a round trip through
 // an integer made it a generic pointer, and every access through it a generic LD.E / ST.E with
 // its address conversion (profiled in the backward's LSE reads, dS^T and dQ tile stores). The
-// backward uses it; the forward keeps the round trip (see fwd_kernel.cuh).
+// backward and the persistent forward use it; the grid forward keeps the round trip (see
+// fwd_kernel.cuh).
 __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
   const uint32_t misalign = portable::smem_addr(raw) % uint32_t(kSmemAlign);
   return raw + (misalign == 0 ? 0 : uint32_t(kSmemAlign) - misalign);

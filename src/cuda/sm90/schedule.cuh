@@ -1,0 +1,77 @@
+// The Hopper backward's key-tile order (BwdWorkspace::schedule): most work first, so that the
+// CTAs that run longest start first and the last wave is made of short ones (longest processing
+// time first). A CTA's work is its key tile's query steps (portable::key_tile_work: the same
+// function the main kernel loops over), which causal masking makes largest for a segment's first
+// tiles and long segments make larger than short ones; the grid's plain order (segment by segment,
+// KV head by KV head) left heavy tiles of later segments for the last wave.
+//
+// One CTA of kScheduleThreads: a counting sort of the tile map's key tiles (TileCoord: the main
+// kernel then needs no search of the segments) by their step count (clamped to
+// kScheduleBuckets - 1 steps; indices that fall in a gap between segments count as zero steps),
+// descending. Within a bucket the order is whatever the atomics give: the Plan asks
+// for a schedule only outside deterministic mode. A schedule that were not a permutation of the
+// grid's tiles would skip a key tile (its dK and dV left as the poisoned outputs) or run one twice
+// (its dQ terms doubled): every Hopper suite, which runs outside deterministic mode, would fail.
+#pragma once
+
+#include "cuda/portable/bwd_common.cuh"
+#include "cuda/portable/params.hpp"
+
+namespace raggedattn {
+namespace sm90 {
+
+constexpr int kScheduleThreads = 1024;
+constexpr int kScheduleBuckets = 2 * kScheduleThreads;
+
+// Bucket of key tile tc: 0 for the most steps, kScheduleBuckets - 1 for none.
+template <int BM, int BN>
+__device__ __forceinline__ int schedule_bucket(const portable::BwdParams& p, const TileCoord& tc) {
+  if (tc.segment < 0) return kScheduleBuckets - 1;
+  const int steps = portable::key_tile_work<BM, BN>(p, tc).m_count;
+  return kScheduleBuckets - 1 - min(steps, kScheduleBuckets - 1);
+}
+
+template <int BM, int BN>
+__global__ void __launch_bounds__(kScheduleThreads)
+    bwd_lpt_schedule(const portable::BwdParams p, TileCoord* order, int n) {
+  __shared__ int start[kScheduleBuckets];
+  __shared__ int warp_sums[kScheduleThreads / 32];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  for (int k = tid; k < kScheduleBuckets; k += kScheduleThreads) start[k] = 0;
+  __syncthreads();
+  for (int x = tid; x < n; x += kScheduleThreads) {
+    atomicAdd(&start[schedule_bucket<BM, BN>(p, p.kv_tiles.locate(x, p.segs.cu_kv))], 1);
+  }
+  __syncthreads();
+  // Exclusive prefix sum over the buckets: thread t owns buckets 2t and 2t + 1.
+  const int c0 = start[2 * tid], c1 = start[2 * tid + 1];
+  int incl = c0 + c1;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int up = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += up;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_sums[lane];
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += up;
+    }
+    warp_sums[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - (c0 + c1);
+  start[2 * tid] = before;
+  start[2 * tid + 1] = before + c0;
+  __syncthreads();
+  for (int x = tid; x < n; x += kScheduleThreads) {
+    const TileCoord tc = p.kv_tiles.locate(x, p.segs.cu_kv);
+    order[atomicAdd(&start[schedule_bucket<BM, BN>(p, tc)], 1)] = tc;
+  }
+}
+
+}  // namespace sm90
+}  // namespace raggedattn
