@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
   // The key tile: the schedule's x-th (most work first) where the Plan made one.
-  const TileCoord tc = p.schedule != nullptr ? p.schedule[blockIdx.x]
-                                             : p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
+  const TileCoord tc =
+      p.schedule != nullptr ? p.schedule[blockIdx.x] : p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
   if (tc.segment < 0) return;
   const int b = tc.segment, hk = blockIdx.y;
   const portable::KeyTileWork w = portable::key_tile_work<BM, BN>(p, tc);
@@ -142,11 +142,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         load_tile_sw128<BN, DV, 32, 1>(smem + L.v, v, p.v_layout.token_stride, keys, lane);
         portable::cp_async_commit();
       }
-      for (int it = 0; it < n_it; ++it) {
+      // Step it is query tile m_first + it % m_count of the group's head it / m_count (qt, qh:
+      // counted, not divided, every step).
+      for (int it = 0, qt = 0, qh = 0; it < n_it;
+           ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == 0) {
         const int s = it % STAGES;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-        const int h = hk * p.group + it / m_count;
-        const int m0 = (m_first + it % m_count) * BM;
+        const int h = hk * p.group + qh;
+        const int m0 = (m_first + qt) * BM;
         const int64_t row0 = seg.q_row0 + m0;
         const int valid = seg.len_q - m0;
         unsigned char* q_dst = smem + L.q + s * L.q_stage;
@@ -233,7 +236,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   // ---- Consumers.
   regs_alloc<C.consumer_regs>();
-  const int c = wg - 1, warp_in_wg = (tid % 128) / 32;
+  // The consumer's index. Where the consumers run the same code (bwd_columns_symmetric), it is
+  // read through a shuffle from lane 0, so that the compiler knows it is warp-uniform: what
+  // derives from it (the warpgroup's keys and columns, so its operand descriptors) stays in
+  // uniform registers, where the wgmmas read their descriptors. (Where each consumer has its own
+  // code, c only picks it, and the shuffle made ptxas spill at Dqk 192 / Dv 128.)
+  const int c = bwd_columns_symmetric(DQK, DV) ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
+  const int warp_in_wg = (tid % 128) / 32;
   const uint32_t k_addr = smem_addr(smem + L.k), v_addr = smem_addr(smem + L.v);
   const uint32_t q_addr = smem_addr(smem + L.q), do_addr = smem_addr(smem + L.d_o);
   const uint32_t ds_addr = smem_addr(smem + L.ds);
@@ -264,10 +273,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       for (int e = 0; e < 4; ++e) acc_dv[f][e] = 0.f;
 
     if (n_it > 0) mbar_wait(kv_full, 0);
-    for (int it = 0; it < n_it; ++it) {
+    for (int it = 0, qt = 0; it < n_it; ++it, qt = qt + 1 == m_count ? 0 : qt + 1) {
       const int buf = it % STAGES;
       mbar_wait(&full[buf], (it / STAGES) & 1);
-      const int m0 = (m_first + it % m_count) * BM;
+      const int m0 = (m_first + qt) * BM;  // qt = it % m_count
       // dS^T buffer: key split, alternating steps (both warpgroups read both halves); column split,
       // this warpgroup's own copy.
       const int ds_buf = SPLIT ? c : (it & 1);
@@ -285,21 +294,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // ksteps: the k16 steps over the head dim of the operands (Dqk for S^T, Dv for dP^T),
       // constants at both calls. (A compile-time parameter here, a generic lambda's
       // integral_constant, crashes nvcc 13.0's front end inside the generic consume lambda.)
-      auto issue_scores = [&](int ksteps, float(&acc)[BM / 8][4], uint32_t keys_tile,
-                              uint32_t queries_tile) {
+      // keys, queries: the descriptors of the operands' first k-step (desc_advance).
+      auto issue_scores = [&](int ksteps, float(&acc)[BM / 8][4], uint64_t keys, uint64_t queries) {
 #pragma unroll
         for (int kk = 0; kk < ksteps; ++kk) {
           const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-          ss_m64n64k16<T>(
-              acc,
-              desc_k_major(keys_tile + panel * BN * kSwizzleBytes + key0 * kSwizzleBytes + within),
-              desc_k_major(queries_tile + panel * BM * kSwizzleBytes + within), kk > 0 ? 1 : 0);
+          ss_m64n64k16<T>(acc, desc_advance(keys, panel * BN * kSwizzleBytes + within),
+                          desc_advance(queries, panel * BM * kSwizzleBytes + within),
+                          kk > 0 ? 1 : 0);
         }
         wgmma_commit();
       };
       wgmma_fence();
-      issue_scores(DQK / 16, st, k_base, q_buf);   // group: S^T
-      issue_scores(DV / 16, dpt, v_base, do_buf);  // group: dP^T
+      issue_scores(DQK / 16, st, desc_k_major(k_base + key0 * kSwizzleBytes),
+                   desc_k_major(q_buf));  // group: S^T
+      issue_scores(DV / 16, dpt, desc_k_major(v_base + key0 * kSwizzleBytes),
+                   desc_k_major(do_buf));  // group: dP^T
 
       // P^T and dS^T, packed into the register A operands of dV and dK (a[kc] holds columns
       // 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their statistics
@@ -308,28 +318,47 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
       const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
       const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
-      const portable::KeyRowMask km[2] = {portable::key_row_mask(p.mask, n0 + row_a, seg),
-                                          portable::key_row_mask(p.mask, n0 + row_a + 8, seg)};
       // Two passes: the first (P^T, or tanh of the scores under a soft cap) runs while dP^T is
       // still in flight; the second forms dS^T once it has landed.
       auto score_tile = [&](auto softcap) {
         constexpr bool kSoftcap = decltype(softcap)::value;
         wgmma_wait<1>();
         pin(st);
+        // The queries this thread's two key rows see, made only for a step the mask does not
+        // leave whole (`full`, the same for the warpgroup).
+        portable::KeyRowMask km[2] = {};
+        if (!full) {
+          km[0] = portable::key_row_mask(p.mask, n0 + row_a, seg);
+          km[1] = portable::key_row_mask(p.mask, n0 + row_a + 8, seg);
+        }
+        // P^T without a branch per element: a whole step takes the exponentials alone; another
+        // sends its hidden scores to exp2(-inf) = 0.
+        auto probs = [&](auto masked) {
+          constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-        for (int f = 0; f < BM / 8; ++f) {
-          const int qc = f * 8 + 2 * (lane % 4);
-          const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
+          for (int f = 0; f < BM / 8; ++f) {
+            const int qc = f * 8 + 2 * (lane % 4);
+            const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
+            const float lse2[2] = {lse.x * portable::kLog2e, lse.y * portable::kLog2e};
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if constexpr (kSoftcap) {
-              st[f][e] = portable::capped_tanh(p, st[f][e]);
-            } else {
-              st[f][e] =
-                  portable::score_prob(p, st[f][e], (e % 2 ? lse.y : lse.x) * portable::kLog2e,
-                                       full || km[e / 2].sees(m0 + qc + e % 2));
+            for (int e = 0; e < 4; ++e) {
+              float x = st[f][e] * p.scale_log2 - lse2[e % 2];
+              if constexpr (kMasked) {
+                x = km[e / 2].sees(m0 + qc + e % 2) ? x : -INFINITY;
+              }
+              st[f][e] = portable::fast_exp2(x);
             }
           }
+        };
+        if constexpr (kSoftcap) {
+#pragma unroll
+          for (int f = 0; f < BM / 8; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[f][e] = portable::capped_tanh(p, st[f][e]);
+        } else if (full) {
+          probs(std::false_type{});
+        } else {
+          probs(std::true_type{});
         }
         wgmma_wait<0>();
         pin(dpt);
@@ -389,17 +418,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // queries, its columns this warpgroup's columns of dV (dK), from dv0 (dk0)), in flight
       // while this warpgroup waits at the dS^T barrier.
       wgmma_fence();
+      const uint64_t do_cols = desc_mn_major(do_buf + col_offset(dv0, BM), BM * kSwizzleBytes);
+      const uint64_t q_cols = desc_mn_major(q_buf + col_offset(dk0, BM), BM * kSwizzleBytes);
 #pragma unroll
       for (int kc = 0; kc < QSTEPS; ++kc) {
-        accumulate_rs<T, DVN>(acc_dv, a_p[kc],
-                              desc_mn_major(do_buf + col_offset(dv0, BM) + kc * 16 * kSwizzleBytes,
-                                            BM * kSwizzleBytes));
+        accumulate_rs<T, DVN>(acc_dv, a_p[kc], desc_advance(do_cols, kc * 16 * kSwizzleBytes));
       }
 #pragma unroll
       for (int kc = 0; kc < QSTEPS; ++kc) {
-        accumulate_rs<T, DKN>(acc_dk, a_ds[kc],
-                              desc_mn_major(q_buf + col_offset(dk0, BM) + kc * 16 * kSwizzleBytes,
-                                            BM * kSwizzleBytes));
+        accumulate_rs<T, DKN>(acc_dk, a_ds[kc], desc_advance(q_cols, kc * 16 * kSwizzleBytes));
       }
       wgmma_commit();
       if constexpr (SPLIT) {
@@ -426,12 +453,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       float dq[DQN / 8][4];
 #pragma unroll
       for (int f = 0; f < DQN / 8; ++f) dq[f][0] = dq[f][1] = dq[f][2] = dq[f][3] = 0.f;
-      const uint32_t k_cols = k_base + col_offset(dq0, BN);
+      const uint64_t ds_rows = desc_mn_major(ds_base, BN * kSwizzleBytes);
+      const uint64_t k_cols = desc_mn_major(k_base + col_offset(dq0, BN), BN * kSwizzleBytes);
       wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < NSTEPS; ++kc) {
-        const uint64_t da = desc_mn_major(ds_base + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
-        const uint64_t db = desc_mn_major(k_cols + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
+        const uint64_t da = desc_advance(ds_rows, kc * 16 * kSwizzleBytes);
+        const uint64_t db = desc_advance(k_cols, kc * 16 * kSwizzleBytes);
         if constexpr (DQN == 128) {
           ss_m64n128k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
         } else if constexpr (DQN == 64) {

@@ -47,6 +47,14 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr, uint32_t
   d |= uint64_t(1) << 62;
   return d;
 }
+// The descriptor of the same tile `bytes` further on: only the start address field (bits 0-13)
+// moves, and it cannot carry into bit 14, since every shared-memory address (< 228 KiB) fits it.
+// One 32-bit add on the low word, where a descriptor made afresh costs a mask, a shift and an or
+// per word (a kernel's loop makes one base per operand and adds each k-step's constant offset).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = uint32_t(desc) + (bytes >> 4), hi = uint32_t(desc >> 32);
+  return (uint64_t(hi) << 32) | lo;
+}
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
   return desc_sw128(addr, 16);
 }
