@@ -126,7 +126,9 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   using Mma = portable::MmaType<T>;
 
   const int tid = threadIdx.x, lane = tid % 32;
-  const int cw = tid / 128 - 1, warp_in_wg = (tid % 128) / 32;
+  // The consumer warpgroup, read through a shuffle from lane 0 so that the compiler knows it is
+  // warp-uniform: the Q descriptors made from it then stay in uniform registers.
+  const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0), warp_in_wg = (tid % 128) / 32;
   const uint32_t q_addr = portable::smem_addr(smem + L.q + q_buf * L.q_stage);
   const uint32_t k_addr = portable::smem_addr(smem + L.k);
   const uint32_t v_addr = portable::smem_addr(smem + L.v);
@@ -149,11 +151,12 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
 
   uint32_t a[BN / 16][4];  // P of the current tile, the register A operand of P V
   float sc[NF][4];
+  // Each product makes one descriptor per operand and advances it per k-step (desc_advance).
   auto issue_pv = [&](int stage) {
+    const uint64_t v_desc = desc_mn_major(v_addr + stage * uint32_t(L.v_stage), BN * kSwizzleBytes);
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
-      const uint64_t db = desc_mn_major(
-          v_addr + stage * uint32_t(L.v_stage) + kc * 16 * kSwizzleBytes, BN * kSwizzleBytes);
+      const uint64_t db = desc_advance(v_desc, kc * 16 * kSwizzleBytes);
       if constexpr (DV == 256) {
         rs_m64n256k16_tb<T>(acc_o, a[kc], db, 1);
       } else if constexpr (DV == 128) {
@@ -171,13 +174,13 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
       // which spills.
       asm volatile("" : "+r"(q_base));
     }
+    const uint64_t q_desc = desc_k_major(q_base + cw * 64 * kSwizzleBytes);
+    const uint64_t k_desc = desc_k_major(k_addr + stage * uint32_t(L.k_stage));
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      const uint64_t da =
-          desc_k_major(q_base + panel * BM * kSwizzleBytes + cw * 64 * kSwizzleBytes + within);
-      const uint64_t db =
-          desc_k_major(k_addr + stage * uint32_t(L.k_stage) + panel * BN * kSwizzleBytes + within);
+      const uint64_t da = desc_advance(q_desc, panel * BM * kSwizzleBytes + within);
+      const uint64_t db = desc_advance(k_desc, panel * BN * kSwizzleBytes + within);
       if constexpr (BN == 128) {
         ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
       } else {
