@@ -401,15 +401,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
       // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ: before
       // dV and dK are issued, because a wgmma's register A operand (a_ds) may not be read by
-      // other instructions while the wgmma is in flight.
+      // other instructions while the wgmma is in flight. a_ds[kc] is four 8x8 tiles (query
+      // chunks 2kc and 2kc + 1, each for the warp's key rows 0-7 and 8-15): one stmatrix, lane l
+      // giving row l % 8 of tile l / 8.
+      {
+        const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int kr = row_a + 8 * half;
-#pragma unroll
-        for (int f = 0; f < BM / 8; ++f) {
-          *reinterpret_cast<uint32_t*>(smem + L.ds + ds_buf * L.ds_stage +
-                                       swizzled_offset(BN, kr, f) + 4 * (lane % 4)) =
-              a_ds[f / 2][2 * (f % 2) + half];
+        for (int kc = 0; kc < QSTEPS; ++kc) {
+          stmatrix_x4(ds_base + swizzled_offset(BN, st_row, 2 * kc + lane / 16), a_ds[kc]);
         }
       }
       fence_proxy_async_smem();
@@ -440,19 +439,26 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       } else {
         named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
       }
-      // dV and dK land before dQ is issued: their register operands (P^T, dS^T) die here, so
-      // dQ's accumulators do not add to the live registers.
-      wgmma_wait<0>();
-      pin(acc_dv);
-      pin(acc_dk);
-      mbar_arrive(&empty[buf]);  // this thread's reads of the Q/dO stage are complete
+      // Under the key split, dQ is issued behind dV and dK (the tensor cores go on without a
+      // gap), its 64 columns' accumulators live beside their register operands (P^T, dS^T).
+      // Under the column split (up to 128 columns of dQ), dV and dK land first: their operands
+      // die, so dQ's accumulators do not add to the live registers.
+      constexpr bool kDqBehind = !SPLIT;
+      auto release_stage = [&]() {
+        pin(acc_dv);
+        pin(acc_dk);
+        mbar_arrive(&empty[buf]);  // this thread's reads of the Q/dO stage are complete
+      };
+      if constexpr (!kDqBehind) {
+        wgmma_wait<0>();
+        release_stage();
+      }
 
       // dQ[:, dq0 .. dq0 + DQN) = dS K: A = dS^T read M-major (queries contiguous), B = K's
       // columns from dq0 read N-major (D = 64: both halves in panel 0, warpgroup 1's starting 64
-      // bytes into each row; otherwise whole panels); k16 steps over the CTA's keys.
+      // bytes into each row; otherwise whole panels); k16 steps over the CTA's keys. The first
+      // k-step overwrites the accumulators (scale-d 0).
       float dq[DQN / 8][4];
-#pragma unroll
-      for (int f = 0; f < DQN / 8; ++f) dq[f][0] = dq[f][1] = dq[f][2] = dq[f][3] = 0.f;
       const uint64_t ds_rows = desc_mn_major(ds_base, BN * kSwizzleBytes);
       const uint64_t k_cols = desc_mn_major(k_base + col_offset(dq0, BN), BN * kSwizzleBytes);
       wgmma_fence();
@@ -469,6 +475,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         }
       }
       wgmma_commit();
+      if constexpr (kDqBehind) {
+        wgmma_wait<1>();  // dV and dK have landed
+        release_stage();
+      }
       wgmma_wait<0>();
       pin(dq);
       pin(acc_dv);

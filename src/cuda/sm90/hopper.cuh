@@ -63,6 +63,15 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t panel_
   return desc_sw128(addr, panel_bytes);
 }
 
+// Four 8x8 tiles of 16-bit elements, from the mma fragment layout into shared memory (stmatrix
+// .x4): r[i] holds this thread's pair of tile i (row lane / 4, columns 2 (lane % 4) and the next);
+// lanes 8i .. 8i + 7 give the shared-memory addresses of tile i's eight 16-byte rows.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
