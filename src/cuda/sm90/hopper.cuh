@@ -1,5 +1,6 @@
-// Hopper building blocks: wgmma shared-memory descriptors, the wgmma fences, and the loader that
-// writes a tile in the 128-byte-swizzled panel layout of config.hpp.
+// Hopper building blocks: shared-memory addressing, stmatrix, the wgmma fences, mbarriers, named
+// barriers, TMA and bulk copies, setmaxnreg, and the loader that writes a tile in the
+// 128-byte-swizzled panel layout of config.hpp (the wgmma descriptors: descriptor.hpp).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; nothing here calls the driver)
@@ -8,6 +9,7 @@
 
 #include "cuda/portable/warp_mma.cuh"
 #include "cuda/sm90/config.hpp"
+#include "cuda/sm90/descriptor.hpp"
 
 namespace raggedattn {
 namespace sm90 {
@@ -28,39 +30,6 @@ __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
 __device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int chunk) {
   return uint32_t((chunk >> 3) * rows * kSwizzleBytes + row * kSwizzleBytes +
                   (((chunk & 7) ^ (row & 7)) << 4));
-}
-
-// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"):
-// bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension
-// byte offset >> 4, 62-63 swizzle mode (1 = 128B). In the canonical 128B-swizzled layouts, in
-// 16-byte units (CUTLASS's make_gmma_desc states them the same way):
-//   K-major  ((8 rows, m), (8 chunks, k)) : ((8, SBO), (1, -))   one instruction's K (16
-//            elements = 32 bytes) stays inside a row's 128 bytes; the leading offset is unused (1);
-//   MN-major ((8 chunks, n), (8 rows, k)) : ((1, LBO), (8, SBO)) 64 contiguous elements of N per
-//            row, the next 64 at LBO (our panel stride), the next 8 rows of K at SBO.
-// Every tile here advances 8 rows in 1024 bytes.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr, uint32_t lead_bytes) {
-  uint64_t d = 0;
-  d |= uint64_t((smem_byte_addr & 0x3FFFF) >> 4);
-  d |= uint64_t((lead_bytes >> 4) & 0x3FFF) << 16;
-  d |= uint64_t((1024u >> 4) & 0x3FFF) << 32;
-  d |= uint64_t(1) << 62;
-  return d;
-}
-// The descriptor of the same tile `bytes` further on: only the start address field (bits 0-13)
-// moves, and it cannot carry into bit 14, since every shared-memory address (< 228 KiB) fits it.
-// One 32-bit add on the low word, where a descriptor made afresh costs a mask, a shift and an or
-// per word (a kernel's loop makes one base per operand and adds each k-step's constant offset).
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
-  const uint32_t lo = uint32_t(desc) + (bytes >> 4), hi = uint32_t(desc >> 32);
-  return (uint64_t(hi) << 32) | lo;
-}
-__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
-  return desc_sw128(addr, 16);
-}
-// `panel_bytes`: the distance between the tile's 64-column panels (rows x 128 bytes).
-__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t panel_bytes) {
-  return desc_sw128(addr, panel_bytes);
 }
 
 // Four 8x8 tiles of 16-bit elements, from the mma fragment layout into shared memory (stmatrix
