@@ -254,6 +254,9 @@ int cmd_check(const Options& o) {
     lim.max_total = cpu ? 384 : 1024;
     lim.dtype = o.spec.dtype;
     lim.backend = o.spec.backend;
+    if (o.spec.backend == RATTN_BACKEND_CUDA_SM90) {  // the Hopper path's head dims only
+      lim.takes_dims = [](int dqk, int dv) { return sm90::path_supports(dqk, dv); };
+    }
     cases.push_back(verify::random_case(verify::mix_seed(o.seed, uint64_t(i)), lim));
   }
   for (CaseSpec& c : cases) {

@@ -1,10 +1,10 @@
 #include "verify/case_spec.hpp"
 
-#include "common/dtype.hpp"
-
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
 
+#include "common/dtype.hpp"
 #include "verify/mask_rules.hpp"
 #include "verify/rng.hpp"
 
@@ -113,7 +113,14 @@ CaseSpec random_case(uint64_t seed, const RandomLimits& lim) {
 
   static const int32_t kDims[][2] = {{64, 64},   {96, 96},   {128, 128},
                                      {192, 192}, {256, 256}, {192, 128}};
-  const auto& d = kDims[r.range(0, 5)];
+  std::vector<const int32_t*> dims;
+  for (const auto& d : kDims) {
+    if (lim.takes_dims == nullptr || lim.takes_dims(d[0], d[1])) dims.push_back(d);
+  }
+  if (dims.empty()) {
+    throw std::invalid_argument("random_case: the limits accept none of the head dims");
+  }
+  const int32_t* d = dims[size_t(r.range(0, int64_t(dims.size()) - 1))];
   c.dqk = d[0];
   c.dv = d[1];
 
@@ -191,7 +198,9 @@ double backward_flops(const CaseSpec& s) {
   return 2.5 * forward_flops(s);
 }
 
-const char* dtype_str(rattn_dtype t) { return dtype_name(t); }
+const char* dtype_str(rattn_dtype t) {
+  return dtype_name(t);
+}
 
 const char* backend_str(rattn_backend b) {
   switch (b) {

@@ -56,6 +56,10 @@ struct RandomLimits {
   int32_t max_total = 384;  // rows of Q (and of K/V) over all segments, padding excluded
   rattn_dtype dtype = RATTN_DTYPE_BF16;
   rattn_backend backend = RATTN_BACKEND_AUTO;
+  // Where set, only the head dims it accepts are drawn (a path that takes some of them: the
+  // command passes sm90::path_supports for --backend cuda_sm90). Unset: all six, and a seed draws
+  // the same case as without the field.
+  bool (*takes_dims)(int dqk, int dv) = nullptr;
 };
 
 // A random ragged problem over the supported shapes: head dims {64, 96, 128, 192, 256} and

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <ostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,24 @@ TEST(RandomCases, DrawEveryFeature) {
     EXPECT_EQ(again.seqlens_kv, c.seqlens_kv);
   }
   EXPECT_TRUE(causal && window && softcap && padded && cross && mqa && d192_128 && zero && one);
+}
+
+// A path that takes only some head dims gets random cases at those only (`check --random` on
+// cuda_sm90), and the filter changes nothing else a seed draws.
+TEST(RandomCases, DrawOnlyTheHeadDimsTheLimitsTake) {
+  verify::RandomLimits hopper;
+  hopper.takes_dims = [](int dqk, int dv) { return dqk == 128 && dv == 128; };
+  bool other_dims_unfiltered = false;
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    const CaseSpec c = verify::random_case(seed, hopper);
+    EXPECT_EQ(c.dqk, 128) << c.name;
+    EXPECT_EQ(c.dv, 128) << c.name;
+    other_dims_unfiltered |= verify::random_case(seed, {}).dqk != 128;
+  }
+  EXPECT_TRUE(other_dims_unfiltered);
+  verify::RandomLimits none;
+  none.takes_dims = [](int, int) { return false; };
+  EXPECT_THROW(verify::random_case(1, none), std::invalid_argument);
 }
 
 // Controls: the brute force and the checker together must notice a wrong mask alignment, per
