@@ -150,7 +150,11 @@ TEST(RandomCases, DrawOnlyTheHeadDimsTheLimitsTake) {
     const CaseSpec c = verify::random_case(seed, hopper);
     EXPECT_EQ(c.dqk, 128) << c.name;
     EXPECT_EQ(c.dv, 128) << c.name;
-    other_dims_unfiltered |= verify::random_case(seed, {}).dqk != 128;
+    const CaseSpec free = verify::random_case(seed, {});
+    other_dims_unfiltered |= free.dqk != 128;
+    EXPECT_EQ(c.seqlens_q, free.seqlens_q) << c.name;  // one draw either way: the rest alike
+    EXPECT_EQ(c.seqlens_kv, free.seqlens_kv) << c.name;
+    EXPECT_EQ(c.mask, free.mask) << c.name;
   }
   EXPECT_TRUE(other_dims_unfiltered);
   verify::RandomLimits none;
