@@ -44,10 +44,10 @@ __device__ __forceinline__ KeyRowMask key_row_mask(const MaskSpec& m, int j, con
   return {m.query_begin(j, seg.len_q, seg.len_kv), m.query_end(j, seg.len_q, seg.len_kv)};
 }
 
-// The pieces of the score gradient under a soft cap, for kernels that split it in passes (the
-// Hopper kernel computes P while dP is in flight; without a cap, P = exp2(x * scale * log2(e) -
-// lse2) is all it takes). Under a soft cap: t = tanh(x * scale / cap), P = exp2(t * cap * log2(e) -
-// lse2), and the chain rule brings tanh' = 1 - t^2 into dS.
+// The soft cap's pieces of the score gradient, for kernels that split it in passes (the Hopper
+// kernel computes P while dP is in flight; without a cap it needs none: P = exp2(x * scale *
+// log2(e) - lse2)): t = tanh(x * scale / cap), P = exp2(t * cap * log2(e) - lse2), and the chain
+// rule brings tanh' = 1 - t^2 into dS.
 __device__ __forceinline__ float capped_tanh(const BwdParams& p, float x) {
   return fast_tanh(x * (p.scale / p.softcap));
 }

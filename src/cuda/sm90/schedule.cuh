@@ -23,6 +23,16 @@ namespace sm90 {
 constexpr int kScheduleThreads = 1024;
 constexpr int kScheduleBuckets = 2 * kScheduleThreads;
 
+// The sum of v over lanes 0 .. lane of the warp.
+__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int up = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += up;
+  }
+  return v;
+}
+
 // Bucket of key tile tc: 0 for the most steps, kScheduleBuckets - 1 for none.
 template <int BM, int BN>
 __device__ __forceinline__ int schedule_bucket(const portable::BwdParams& p, const TileCoord& tc) {
@@ -45,23 +55,10 @@ __global__ void __launch_bounds__(kScheduleThreads)
   __syncthreads();
   // Exclusive prefix sum over the buckets: thread t owns buckets 2t and 2t + 1.
   const int c0 = start[2 * tid], c1 = start[2 * tid + 1];
-  int incl = c0 + c1;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int up = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += up;
-  }
+  const int incl = warp_inclusive_sum(c0 + c1, lane);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
-  if (warp == 0) {
-    int w = warp_sums[lane];
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int up = __shfl_up_sync(0xffffffffu, w, d);
-      if (lane >= d) w += up;
-    }
-    warp_sums[lane] = w;  // inclusive over warps
-  }
+  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane], lane);  // over warps
   __syncthreads();
   const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - (c0 + c1);
   start[2 * tid] = before;
