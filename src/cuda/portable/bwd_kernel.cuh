@@ -138,18 +138,23 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
         dsum[f][e] = s_dp[qc];
       }
     const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
-    // The soft cap is a template choice of the loop (no test per element), and the mask selects
-    // the exponent (ex2(-inf) = 0) rather than the result, so no element takes a branch.
-    auto score_tile = [&](auto softcap) {
+    // The soft cap and the mask are template choices of the loop (no test per element): a step
+    // the mask leaves whole takes the exponentials alone; a masked one selects the exponent
+    // (ex2(-inf) = 0) rather than the result, so no element takes a branch either way.
+    auto score_tile = [&](auto softcap, auto masked) {
       constexpr bool kSoftcap = decltype(softcap)::value;
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
       for (int mf = 0; mf < S_MF; ++mf)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int kr = s_key0 + mf * 16 + lane / 4 + 8 * half;  // key row in the tile
           const int j = n0 + kr;
-          const int i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
-          const int i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
+          int i_lo = 0, i_hi = 0;  // the queries key j sees (masked steps only)
+          if constexpr (kMasked) {
+            i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
+            i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
+          }
 #pragma unroll
           for (int f = 0; f < S_NF; ++f) {
             float pr[2], ds[2];
@@ -163,9 +168,12 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
               } else {
                 x *= p.scale_log2;
               }
-              const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
-              const bool vis = full || (j < seg.len_kv && i >= i_lo && i < i_hi);
-              pr[e] = fast_exp2(vis ? x - lse2[f][e] : -INFINITY);
+              x -= lse2[f][e];
+              if constexpr (kMasked) {
+                const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
+                x = j < seg.len_kv && i >= i_lo && i < i_hi ? x : -INFINITY;
+              }
+              pr[e] = fast_exp2(x);
               ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsum[f][e]) * dtanh;
             }
             const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
@@ -175,9 +183,11 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
         }
     };
     if (p.softcap > 0.f) {
-      score_tile(std::true_type{});
+      score_tile(std::true_type{}, std::true_type{});  // masked: right for whole steps too
+    } else if (full) {
+      score_tile(std::false_type{}, std::false_type{});
     } else {
-      score_tile(std::false_type{});
+      score_tile(std::false_type{}, std::true_type{});
     }
     __syncthreads();
 
