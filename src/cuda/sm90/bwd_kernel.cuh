@@ -439,11 +439,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       } else {
         named_barrier_sync(1, kConsumerThreads);  // both warpgroups' dS^T rows are in
       }
-      // Under the key split, dQ is issued behind dV and dK (the tensor cores go on without a
-      // gap), its 64 columns' accumulators live beside their register operands (P^T, dS^T).
-      // Under the column split (up to 128 columns of dQ), dV and dK land first: their operands
-      // die, so dQ's accumulators do not add to the live registers.
-      constexpr bool kDqBehind = !SPLIT;
+      // At D = 128, dQ is issued behind dV and dK (the tensor cores go on without a gap), its 64
+      // columns' accumulators live beside their register operands (P^T, dS^T). Elsewhere dV and
+      // dK land first: under the column split (up to 128 columns of dQ) their operands die, so
+      // dQ's accumulators do not add to the live registers; at D = 64 (32 columns, 8 k-steps of
+      // m64n32) item 33 measured a possible loss from issuing behind.
+      constexpr bool kDqBehind = !SPLIT && DQK == 128;
       auto release_stage = [&]() {
         pin(acc_dv);
         pin(acc_dk);
