@@ -62,9 +62,17 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   zero(acc_dk);
   zero(acc_dv);
 
-  auto load_stage = [&](int it, int buf) {
-    const int h = hk * p.group + it / m_count;
-    const int m0 = (m_first + it % m_count) * BM;
+  // Step it covers query tile m_first + it % m_count of query head hk * group + it / m_count,
+  // both kept as counters rather than divided out per step.
+  struct Step {
+    int h, m_tile;
+  };
+  auto next_step = [&](Step s) {
+    return s.m_tile + 1 == m_first + m_count ? Step{s.h + 1, m_first} : Step{s.h, s.m_tile + 1};
+  };
+  auto load_stage = [&](Step s, int buf) {
+    const int h = s.h;
+    const int m0 = s.m_tile * BM;
     const int64_t row0 = seg.q_row0 + m0;
     const int valid = seg.len_q - m0;
     load_tile_async<BM, DQK, NT>(smem + L.q + buf * L.q_stage, L.q_pitch,
@@ -76,7 +84,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     float* s_lse = reinterpret_cast<float*>(smem + L.lse + buf * L.stat_stage);
     float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + buf * L.stat_stage);
     const int64_t stat = p.stats.offset(h, row0);
-    for (int r = tid; r < BM; r += NT) {
+    static_assert(BM <= NT, "one row statistic per thread");
+    if (tid < BM) {
+      const int r = tid;
       cp_async_4(s_lse + r, p.lse + (r < valid ? stat + r : 0), r < valid);
       cp_async_4(s_dp + r, p.dpsum + (r < valid ? stat + r : 0), r < valid);
     }
@@ -87,17 +97,23 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
     load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k, p.k_layout.token_stride, keys, tid);
     load_tile_async<BN, DV, NT>(sV, L.v_pitch, v, p.v_layout.token_stride, keys, tid);
-    load_stage(0, 0);
+    load_stage(Step{hk * p.group, m_first}, 0);
     cp_async_commit();
   }
 
   const bool ordered = p.locks != nullptr;
+  // The dQ scratch offset of (this segment, head 0, row 0); DqAccumLayout::offset is affine in the
+  // head and the row (head_stride(), dim), so a step adds two products instead of recomputing it
+  // per row.
+  const int64_t dq_seg0 = p.dq_accum.offset(0, b, seg.cu_q, 0, 0);
+  const int64_t dq_head_stride = p.dq_accum.head_stride();
+  Step step{hk * p.group, m_first};
 
-  for (int it = 0; it < n_it; ++it) {
+  for (int it = 0; it < n_it; ++it, step = next_step(step)) {
     const int buf = p.stages == 2 ? (it & 1) : 0;
     if (p.stages == 1 && it > 0) {
       __syncthreads();  // the single buffer is free once every warp finished step it - 1
-      load_stage(it, 0);
+      load_stage(step, 0);
       cp_async_commit();
     }
     cp_async_wait<0>();
@@ -105,12 +121,11 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     // buffer, P^T and dS^T are free to overwrite.
     __syncthreads();
     if (p.stages == 2 && it + 1 < n_it) {
-      load_stage(it + 1, (it + 1) & 1);
+      load_stage(next_step(step), (it + 1) & 1);
       cp_async_commit();
     }
 
-    const int h = hk * p.group + it / m_count;
-    const int m_tile = m_first + it % m_count;
+    const int h = step.h, m_tile = step.m_tile;
     const int m0 = m_tile * BM;
     const T* sQ = reinterpret_cast<const T*>(smem + L.q + buf * L.q_stage);
     const T* sdO = reinterpret_cast<const T*>(smem + L.d_o + buf * L.do_stage);
@@ -216,15 +231,31 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       }
       __syncthreads();
     }
+    // This warp's dQ rows into the scratch; the accumulation mode is one branch per step.
+    const int64_t dq_head = dq_seg0 + h * dq_head_stride + dq_col0 + 2 * (lane % 4);
+    auto add_dq = [&](auto f32, auto in_turn) {
 #pragma unroll
-    for (int mf = 0; mf < DQ_MF; ++mf)
+      for (int mf = 0; mf < DQ_MF; ++mf)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = m0 + dq_row0 + mf * 16 + lane / 4 + 8 * half;
-        if (i < seg.len_q) {
-          add_dq_fragments<T>(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
+        for (int half = 0; half < 2; ++half) {
+          const int i = m0 + dq_row0 + mf * 16 + lane / 4 + 8 * half;
+          if (i < seg.len_q) {
+            add_dq_fragments<T, decltype(f32)::value, decltype(in_turn)::value>(
+                p, dq[mf], dq_head + int64_t(i) * p.dq_accum.dim, half);
+          }
         }
+    };
+    if (ordered) {
+      if (p.dq_accum.type == AccumType::F32) {
+        add_dq(std::true_type{}, std::true_type{});
+      } else {
+        add_dq(std::false_type{}, std::true_type{});
       }
+    } else if (p.dq_accum.type == AccumType::F32) {
+      add_dq(std::true_type{}, std::false_type{});
+    } else {
+      add_dq(std::false_type{}, std::false_type{});
+    }
     if (ordered) {
       __threadfence();
       __syncthreads();
