@@ -6,6 +6,8 @@
 // backward 10% slower on the H200 (docs/PERFORMANCE.md, 2026-11-30).
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/portable/math.cuh"
 #include "cuda/portable/params.hpp"
 #include "cuda/portable/warp_mma.cuh"
@@ -90,17 +92,16 @@ __device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF
   }
 }
 
-// Adds one fragment row (columns 8f, 8f + 1 for every f from the element at `off`: the mma.sync
-// and wgmma accumulator layout) of a dQ tile into the scratch; `off` comes from the Plan's
-// DqAccumLayout (Rows order). kF32: the fp32 scratch, else the 16-bit one, always in the input's
-// own format (the Plan's AccumType), so a kernel instance for T compiles two element types, not
-// three. kOrdered: deterministic mode, where the CTA holds the tile's turn, so a plain
+// Adds one fragment row (columns 8f, 8f + 1 for every f from `dst`, the row's first column of the
+// thread in the scratch at the Plan's DqAccumLayout offset: the mma.sync and wgmma accumulator
+// layout) of a dQ tile into the scratch. kF32: the fp32 scratch, else the 16-bit one, always in
+// the input's own format (the Plan's AccumType), so a kernel instance for T compiles two element
+// types, not three. kOrdered: deterministic mode, where the CTA holds the tile's turn, so a plain
 // read-modify-write is race free (__ldcg skips a possibly stale L1); else atomic adds.
-template <class T, bool kF32, bool kOrdered, int NF>
-__device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float (&dq)[NF][4],
-                                                 int64_t off, int half) {
+template <class T, bool kF32, bool kOrdered, int NF, class Elem>
+__device__ __forceinline__ void add_dq_fragments(Elem* dst, const float (&dq)[NF][4], int half) {
   if constexpr (kF32) {
-    float* dst = static_cast<float*>(p.dq_accum_ptr) + off;
+    static_assert(std::is_same<Elem, float>::value, "the fp32 scratch");
 #pragma unroll
     for (int f = 0; f < NF; ++f) {
       const float x = dq[f][2 * half], y = dq[f][2 * half + 1];
@@ -118,8 +119,8 @@ __device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float
       }
     }
   } else {
-    add_16bit_pairs<typename MmaType<T>::Pair, kOrdered>(static_cast<T*>(p.dq_accum_ptr) + off,
-                                                         dq, half);
+    static_assert(std::is_same<Elem, T>::value, "the 16-bit scratch is in the input's format");
+    add_16bit_pairs<typename MmaType<T>::Pair, kOrdered>(dst, dq, half);
   }
 }
 

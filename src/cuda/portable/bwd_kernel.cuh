@@ -12,6 +12,7 @@
 
 #include <type_traits>
 
+#include "cuda/portable/bulk_async.cuh"
 #include "cuda/portable/bwd_common.cuh"
 #include "cuda/portable/config.hpp"
 
@@ -38,7 +39,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   using Mma = MmaType<T>;
 
   extern __shared__ __align__(128) unsigned char smem[];
-  const BwdSmem L = bwd_smem(DQK, DV, p.stages);
+  const BwdSmem L = bwd_smem(DQK, DV, p.stages, p.dq_staged);
   T* sK = reinterpret_cast<T*>(smem + L.k);
   T* sV = reinterpret_cast<T*>(smem + L.v);
   T* sPT = reinterpret_cast<T*>(smem + L.pt);
@@ -117,8 +118,11 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       cp_async_commit();
     }
     cp_async_wait<0>();
+#if __CUDA_ARCH__ >= 900
+    if (p.dq_staged && tid == 0) bulk_wait_read();  // step it - 1's dQ tile has been read out
+#endif
     // Step `it`'s data is in for every thread, and every warp has finished step it - 1: its Q/dO
-    // buffer, P^T and dS^T are free to overwrite.
+    // buffer, P^T, dS^T (and the staged dQ tile) are free to overwrite.
     __syncthreads();
     if (p.stages == 2 && it + 1 < n_it) {
       load_stage(next_step(step), (it + 1) & 1);
@@ -206,13 +210,12 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     }
     __syncthreads();
 
-    // dV += P^T dO and dK += dS^T Q over this step's queries.
+    // dV += P^T dO over this step's queries.
     warp_gemm<T, KV_MF, DV_W / 8, BM, false, true>(acc_dv, sPT, L.s_pitch, kv_key0, sdO, L.do_pitch,
                                                    dv_col0, lane);
-    warp_gemm<T, KV_MF, DK_W / 8, BM, false, true>(acc_dk, sdST, L.s_pitch, kv_key0, sQ, L.q_pitch,
-                                                   dk_col0, lane);
 
-    // dQ tile = dS K over this CTA's keys, added into the scratch.
+    // dQ tile = dS K over this CTA's keys, added into the scratch before dK's product (the order
+    // of FlashAttention-2), so that the dK product runs while the additions are in flight.
     float dq[DQ_MF][DQ_W / 8][4];
     zero(dq);
     warp_gemm<T, DQ_MF, DQ_W / 8, BN, true, true>(dq, sdST, L.s_pitch, dq_row0, sK, L.k_pitch,
@@ -231,21 +234,69 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       }
       __syncthreads();
     }
-    // This warp's dQ rows into the scratch; the accumulation mode is one branch per step.
-    const int64_t dq_head = dq_seg0 + h * dq_head_stride + dq_col0 + 2 * (lane % 4);
-    auto add_dq = [&](auto f32, auto in_turn) {
+    // This warp's dQ rows into the scratch; the accumulation mode is one branch per step. The
+    // scratch's rows are DQK elements apart (the Plan's layout has the problem's head dim, checked
+    // at launch), so one address serves all of a thread's rows with constant offsets: a register
+    // reused for the next row's address would wait for the atomics still reading it.
+    // Where the Plan stages dQ (sm_90, fp32, atomic mode), the warps instead write the tile into
+    // shared memory in the scratch's row layout and one thread adds all its rows with one bulk
+    // reduce-add (the rows of a query tile are contiguous in the scratch): atomics from registers
+    // stall the next writer of each source register until the atomic has read it, a quarter of
+    // the stall samples on the H200 (docs/PERFORMANCE.md item 36), where the bulk copy reads
+    // shared memory asynchronously. The other warps arrive and go on to dK; thread 0 waits for
+    // the copy's reads before the next step's first barrier, so the buffer is free again after it.
+    const int64_t dq_head = dq_seg0 + h * dq_head_stride;
+    bool staged = false;
+#if __CUDA_ARCH__ >= 900
+    if (p.dq_staged) {
+      staged = true;
+      float* sdq = reinterpret_cast<float*>(smem + L.dq);
 #pragma unroll
       for (int mf = 0; mf < DQ_MF; ++mf)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int i = m0 + dq_row0 + mf * 16 + lane / 4 + 8 * half;
-          if (i < seg.len_q) {
-            add_dq_fragments<T, decltype(f32)::value, decltype(in_turn)::value>(
-                p, dq[mf], dq_head + int64_t(i) * p.dq_accum.dim, half);
+          float* srow = sdq + (dq_row0 + mf * 16 + lane / 4 + 8 * half) * L.dq_pitch + dq_col0 +
+                        2 * (lane % 4);
+#pragma unroll
+          for (int f = 0; f < DQ_W / 8; ++f) {
+            *reinterpret_cast<float2*>(srow + f * 8) =
+                make_float2(dq[mf][f][2 * half], dq[mf][f][2 * half + 1]);
+          }
+        }
+      fence_proxy_async_smem();  // visible to the bulk copy (async proxy)
+      if (warp == 0) {
+        named_barrier_sync(1, NT);  // every warp's part of the tile is written
+        if (lane == 0) {
+          const int rows = min(BM, seg.len_q - m0);
+          bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + dq_head + int64_t(m0) * DQK, sdq,
+                          uint32_t(rows * DQK * sizeof(float)));
+          bulk_commit();
+        }
+      } else {
+        named_barrier_arrive(1, NT);
+      }
+    }
+#endif
+    const int i0 = m0 + dq_row0 + lane / 4;  // the thread's first row; the others 8, 16, ... below
+    const int64_t dq_first = dq_head + int64_t(i0) * DQK + dq_col0 + 2 * (lane % 4);
+    auto add_dq = [&](auto f32, auto in_turn) {
+      constexpr bool kF32 = decltype(f32)::value;
+      using Elem = std::conditional_t<kF32, float, T>;
+      Elem* dst = static_cast<Elem*>(p.dq_accum_ptr) + dq_first;
+      asm volatile("" : "+l"(dst));  // made once: not rebuilt per row in a reused register
+#pragma unroll
+      for (int mf = 0; mf < DQ_MF; ++mf)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = mf * 16 + 8 * half;
+          if (i0 + r < seg.len_q) {
+            add_dq_fragments<T, kF32, decltype(in_turn)::value>(dst + r * DQK, dq[mf], half);
           }
         }
     };
-    if (ordered) {
+    if (staged) {
+      // added above
+    } else if (ordered) {
       if (p.dq_accum.type == AccumType::F32) {
         add_dq(std::true_type{}, std::true_type{});
       } else {
@@ -261,7 +312,14 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       __syncthreads();
       if (tid == 0) atomicAdd(lock, 1);
     }
+
+    // dK += dS^T Q over this step's queries.
+    warp_gemm<T, KV_MF, DK_W / 8, BM, false, true>(acc_dk, sdST, L.s_pitch, kv_key0, sQ, L.q_pitch,
+                                                   dk_col0, lane);
   }
+#if __CUDA_ARCH__ >= 900
+  if (p.dq_staged && tid == 0) bulk_wait_done();  // the additions are performed before the CTA ends
+#endif
 
   // Epilogue: dK (times the softmax scale) and dV of this warp's keys.
   T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
