@@ -109,6 +109,20 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   const int64_t dq_seg0 = p.dq_accum.offset(0, b, seg.cu_q, 0, 0);
   const int64_t dq_head_stride = p.dq_accum.head_stride();
   Step step{hk * p.group, m_first};
+  // Staged dQ (sm_90): the tile a step writes into shared memory is added into the scratch by
+  // thread 0 after the next CTA barrier, when every warp's part is in: its first element's offset
+  // in the scratch and its rows (0: none pending).
+  int64_t dq_pending = 0;
+  int dq_pending_rows = 0;
+  auto flush_dq = [&]() {
+#if __CUDA_ARCH__ >= 900
+    if (tid == 0 && dq_pending_rows > 0) {
+      bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + dq_pending, smem + L.dq,
+                      uint32_t(dq_pending_rows * DQK * sizeof(float)));
+      bulk_commit();
+    }
+#endif
+  };
 
   for (int it = 0; it < n_it; ++it, step = next_step(step)) {
     const int buf = p.stages == 2 ? (it & 1) : 0;
@@ -118,12 +132,10 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       cp_async_commit();
     }
     cp_async_wait<0>();
-#if __CUDA_ARCH__ >= 900
-    if (p.dq_staged && tid == 0) bulk_wait_read();  // step it - 1's dQ tile has been read out
-#endif
     // Step `it`'s data is in for every thread, and every warp has finished step it - 1: its Q/dO
-    // buffer, P^T, dS^T (and the staged dQ tile) are free to overwrite.
+    // buffer, P^T and dS^T are free to overwrite, and its staged dQ tile is complete.
     __syncthreads();
+    flush_dq();
     if (p.stages == 2 && it + 1 < n_it) {
       load_stage(next_step(step), (it + 1) & 1);
       cp_async_commit();
@@ -208,6 +220,11 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     } else {
       score_tile(std::false_type{}, std::true_type{});
     }
+#if __CUDA_ARCH__ >= 900
+    // The staged dQ tile of step it - 1 has been read out (long since: it was issued at the step's
+    // start) before anyone writes this step's.
+    if (p.dq_staged && tid == 0) bulk_wait_read();
+#endif
     __syncthreads();
 
     // dV += P^T dO over this step's queries.
@@ -239,12 +256,11 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     // at launch), so one address serves all of a thread's rows with constant offsets: a register
     // reused for the next row's address would wait for the atomics still reading it.
     // Where the Plan stages dQ (sm_90, fp32, atomic mode), the warps instead write the tile into
-    // shared memory in the scratch's row layout and one thread adds all its rows with one bulk
-    // reduce-add (the rows of a query tile are contiguous in the scratch): atomics from registers
-    // stall the next writer of each source register until the atomic has read it, a quarter of
-    // the stall samples on the H200 (docs/PERFORMANCE.md item 36), where the bulk copy reads
-    // shared memory asynchronously. The other warps arrive and go on to dK; thread 0 waits for
-    // the copy's reads before the next step's first barrier, so the buffer is free again after it.
+    // shared memory in the scratch's row layout, and thread 0 adds all its rows with one bulk
+    // reduce-add after the next CTA barrier (the rows of a query tile are contiguous in the
+    // scratch): atomics from registers stall the next writer of each source register until the
+    // atomic has read it, a quarter of the stall samples on the H200 (docs/PERFORMANCE.md item
+    // 36), where the bulk copy reads shared memory asynchronously.
     const int64_t dq_head = dq_seg0 + h * dq_head_stride;
     bool staged = false;
 #if __CUDA_ARCH__ >= 900
@@ -263,18 +279,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
                 make_float2(dq[mf][f][2 * half], dq[mf][f][2 * half + 1]);
           }
         }
-      fence_proxy_async_smem();  // visible to the bulk copy (async proxy)
-      if (warp == 0) {
-        named_barrier_sync(1, NT);  // every warp's part of the tile is written
-        if (lane == 0) {
-          const int rows = min(BM, seg.len_q - m0);
-          bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + dq_head + int64_t(m0) * DQK, sdq,
-                          uint32_t(rows * DQK * sizeof(float)));
-          bulk_commit();
-        }
-      } else {
-        named_barrier_arrive(1, NT);
-      }
+      fence_proxy_async_smem();  // visible to the bulk copy (async proxy) after the barrier
+      dq_pending = dq_head + int64_t(m0) * DQK;
+      dq_pending_rows = min(BM, seg.len_q - m0);
     }
 #endif
     const int i0 = m0 + dq_row0 + lane / 4;  // the thread's first row; the others 8, 16, ... below
@@ -318,7 +325,11 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
                                                    dk_col0, lane);
   }
 #if __CUDA_ARCH__ >= 900
-  if (p.dq_staged && tid == 0) bulk_wait_done();  // the additions are performed before the CTA ends
+  if (p.dq_staged && n_it > 0) {
+    __syncthreads();  // the last step's staged dQ tile is complete
+    flush_dq();
+    if (tid == 0) bulk_wait_done();  // the additions are performed before the CTA ends
+  }
 #endif
 
   // Epilogue: dK (times the softmax scale) and dV of this warp's keys.
