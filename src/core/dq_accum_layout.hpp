@@ -67,6 +67,10 @@ struct DqAccumLayout {
                         : static_cast<int64_t>(split) * heads + head;
     return (plane * rows + slot_row0(b, cu_q_b) + i) * dim;
   }
+  // offset() is affine in the head and the row: offset(s, b, cu, head, i) ==
+  // offset(s, b, cu, 0, 0) + head * head_stride() + i * dim in every scheme, so a kernel can make
+  // the segment's base once and step through heads and rows with two products.
+  RATTN_HD int64_t head_stride() const { return rows * dim; }
   // Element offset of (split, segment b, head, row i of the segment, column c): where a writer
   // puts and a reader finds one element, in either tile order.
   RATTN_HD int64_t at(int split, int b, int32_t cu_q_b, int head, int64_t i, int32_t c) const {

@@ -117,7 +117,14 @@ Status portable_shapes(PlanData* d) {
   d->bwd.block_n = bc.block_n;
   d->bwd.threads = bc.warps * 32;
   d->bwd.stages = portable::bwd_smem(dqk, dv, 2).bytes <= limit ? 2 : 1;
-  d->bwd.smem_bytes = portable::bwd_smem(dqk, dv, d->bwd.stages).bytes;
+  // dQ through shared memory and bulk reduce-adds where the sm_90 build runs (the kernel's sm_80
+  // build adds from registers only), for the fp32 scratch in atomic mode, and only where it
+  // leaves the stages as they are: atomics from registers stall each step on their source
+  // registers (docs/PERFORMANCE.md item 36).
+  d->bwd.dq_staged = d->caps.cc_major == 9 && p.dq_accum == RATTN_DQ_ACCUM_FP32 &&
+                     !p.deterministic &&
+                     portable::bwd_smem(dqk, dv, d->bwd.stages, true).bytes <= limit;
+  d->bwd.smem_bytes = portable::bwd_smem(dqk, dv, d->bwd.stages, d->bwd.dq_staged).bytes;
   d->bwd.tiles = RaggedTiles::bound(p.total_kv, p.batch, bc.block_n);
 
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
@@ -352,7 +359,7 @@ std::string Plan::describe() const {
             ? str_cat(" ", d.fwd.item_ctas, " CTAs over ", d.fwd.tiles * p.num_heads_q, " items")
             : "",
         "] bwd[", kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
-        d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, "] dq_accum=",
+        d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages, d.bwd.dq_staged ? " dQ staged" : "", "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),
         p.deterministic ? " deterministic" : "");

@@ -62,6 +62,9 @@ struct LaunchShape {
   // otherwise have) from a counter, its first from its CTA index, on a grid of (item_ctas, 1);
   // 0: the grid kernel (sm90::fwd_ctas decides for the Hopper forward).
   int64_t item_ctas = 0;
+  // The portable backward: each step's dQ tile goes through shared memory into the scratch by
+  // bulk reduce-adds (sm_90, fp32 scratch, atomic mode) rather than by atomics from registers.
+  bool dq_staged = false;
 };
 
 struct PlanData {

@@ -89,6 +89,33 @@ TEST_P(DqAccumLayoutProperties, SlotsAreDisjointInsideAndAligned) {
   }
 }
 
+// The portable backward makes a segment's base offset once and steps through heads and rows with
+// head_stride() and dim: that must be offset() itself, in every scheme.
+TEST_P(DqAccumLayoutProperties, OffsetIsAffineInHeadAndRow) {
+  const auto [scheme, type] = GetParam();
+  for (int trial = 0; trial < kLists; ++trial) {
+    const std::vector<int32_t> lens = random_lengths(2000 + trial);
+    const std::vector<int32_t> cu = prefix_sums(lens);
+    const int32_t max_len = *std::max_element(lens.begin(), lens.end());
+    const DqAccumLayout l = make_dq_accum_layout(scheme, type, 2, int32_t(lens.size()), 5, 96,
+                                                 cu.back(), max_len, kAlign);
+    for (int s = 0; s < l.nsplits; ++s) {
+      for (int b = 0; b < int(lens.size()); ++b) {
+        const int32_t len = lens[size_t(b)];
+        if (len == 0) continue;
+        const int64_t base = l.offset(s, b, cu[size_t(b)], 0, 0);
+        for (int h = 0; h < l.heads; ++h) {
+          for (int64_t i : {int64_t(0), int64_t(1) % len, int64_t(len / 2), int64_t(len - 1)}) {
+            ASSERT_EQ(l.offset(s, b, cu[size_t(b)], h, i), base + h * l.head_stride() + i * l.dim)
+                << "trial " << trial << " split " << s << " segment " << b << " head " << h
+                << " row " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(DqAccumLayoutProperties, AlignedSlotsShareNoTile) {
   // A kernel stores whole 16-row tiles of its segment's slot; they must not reach another slot.
   const auto [scheme, type] = GetParam();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/portable/config.hpp"
 #include "cuda/sm90/config.hpp"
 #include "plan/plan_data.hpp"
 #include "test_util.hpp"
@@ -119,6 +120,42 @@ TEST(PlanPath, HopperPathOnlyWhereItTakesTheProblem) {
     EXPECT_EQ(plan.path(), Path::CudaPortable) << plan.describe();
     EXPECT_THAT(plan.describe(), HasSubstr("fwd[mma.sync "));
   }
+}
+
+TEST(PlanPath, PortableBackwardStagesDqOnSm90InAtomicFp32ModeWhereItFits) {
+  if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
+  // The portable backward passes dQ through shared memory and a bulk reduce-add only where its
+  // sm_90 build runs, the scratch is fp32 and the mode is atomic; never at the price of a stage.
+  for (int dim : {64, 96, 128, 192, 256}) {
+    for (const DeviceCaps& caps : {fake_hopper_caps(), fake_ampere_caps()}) {
+      for (int det : {0, 1}) {
+        for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
+          Problem p = long_problem(RATTN_BACKEND_CUDA_PORTABLE);
+          p.head_dim_qk = p.head_dim_v = dim;
+          p.deterministic = det;
+          p.dq_accum = accum;
+          Plan plan;
+          ASSERT_TRUE(make_plan(p, caps, &plan).ok());
+          const LaunchShape& bwd = plan.data().bwd;
+          const size_t limit = size_t(caps.smem_per_block_optin);
+          const bool fits = portable::bwd_smem(dim, dim, bwd.stages, true).bytes <= limit;
+          const bool expected =
+              caps.cc_major == 9 && !det && accum == RATTN_DQ_ACCUM_FP32 && fits;
+          SCOPED_TRACE(plan.describe());
+          EXPECT_EQ(bwd.dq_staged, expected);
+          EXPECT_EQ(bwd.stages, portable::bwd_smem(dim, dim, 2).bytes <= limit ? 2 : 1);
+          EXPECT_EQ(bwd.smem_bytes, portable::bwd_smem(dim, dim, bwd.stages, expected).bytes);
+          EXPECT_LE(bwd.smem_bytes, limit);
+          EXPECT_EQ(plan.describe().find("dQ staged") != std::string::npos, expected);
+        }
+      }
+    }
+  }
+  // D = 128 on the H100/H200: staged, with both Q/dO stages.
+  Plan plan;
+  ASSERT_TRUE(make_plan(long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps(), &plan).ok());
+  EXPECT_TRUE(plan.data().bwd.dq_staged);
+  EXPECT_EQ(plan.data().bwd.stages, 2);
 }
 
 TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {

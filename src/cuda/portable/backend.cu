@@ -123,6 +123,12 @@ Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace
                          "the portable backward adds into the dQ scratch in row order; this plan's "
                          "scratch is in the Hopper backward's tile order");
   }
+  if (d.bwd_ws.dq_accum.dim != d.problem.head_dim_qk) {  // the kernel's row stride is its DQK
+    return not_supported("backward",
+                         str_cat("the portable backward's dQ scratch rows are the head dim (",
+                                 d.problem.head_dim_qk, ") apart; this plan's scratch has rows of ",
+                                 d.bwd_ws.dq_accum.dim));
+  }
   if (d.bwd_ws.schedule.bytes != 0) {  // likewise the key tiles' order
     return not_supported("backward",
                          "the portable backward takes its key tiles in grid order; this plan has "

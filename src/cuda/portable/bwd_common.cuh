@@ -1,9 +1,12 @@
-// Device pieces the backward main kernels share: the dQ scratch additions through the Plan's
-// DqAccumLayout (both kernels), and, for the Hopper kernel, the score-gradient pieces, the mask of
-// one key row and the deterministic mode's turn-taking per dQ tile. The portable kernel keeps the
-// same math and protocol written inline in its loop: expressed through these helpers it compiled
-// to a backward 10% slower on the H200 (docs/PERFORMANCE.md, 2026-11-30).
+// Device pieces of the backward main kernels: the work of one key tile (both kernels); the dQ
+// scratch additions through the Plan's DqAccumLayout (the portable kernel; the Hopper kernel
+// copies whole tiles out); and, for the Hopper kernel, the score-gradient pieces, the mask of one
+// key row and the deterministic mode's turn-taking per dQ tile. The portable kernel keeps that
+// math and protocol written inline in its loop: expressed through these helpers it compiled to a
+// backward 10% slower on the H200 (docs/PERFORMANCE.md, 2026-11-30).
 #pragma once
+
+#include <type_traits>
 
 #include "cuda/portable/math.cuh"
 #include "cuda/portable/params.hpp"
@@ -73,14 +76,13 @@ __device__ __forceinline__ __half2 from_float2(float x, float y) {
   return __floats2half2_rn(x, y);
 }
 
-template <class Pair, int NF, class Elem>
-__device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF][4], int half,
-                                                bool ordered) {
+template <class Pair, bool kOrdered, int NF, class Elem>
+__device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF][4], int half) {
   Pair* dst = reinterpret_cast<Pair*>(base);
 #pragma unroll
   for (int f = 0; f < NF; ++f) {
     Pair* d = dst + f * 4;
-    if (ordered) {
+    if constexpr (kOrdered) {
       const unsigned int raw = __ldcg(reinterpret_cast<const unsigned int*>(d));
       const float2 cur = to_float2(*reinterpret_cast<const Pair*>(&raw));
       *d = from_float2<Pair>(cur.x + dq[f][2 * half], cur.y + dq[f][2 * half + 1]);
@@ -90,23 +92,21 @@ __device__ __forceinline__ void add_16bit_pairs(Elem* base, const float (&dq)[NF
   }
 }
 
-// Adds one fragment row (columns col0 + 8f, col0 + 8f + 1 for every f: the mma.sync and wgmma
-// accumulator layout) of a dQ tile into the scratch at the Plan's DqAccumLayout offset.
-// Deterministic mode has the CTA hold the tile's turn, so plain read-modify-write is race free;
-// __ldcg skips a possibly stale L1. The 16-bit scratch is always in the input's own format (the
-// Plan's AccumType), so a kernel instance for T compiles two accumulation paths, not three.
-template <class T, int NF>
-__device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float (&dq)[NF][4],
-                                                 int b, const Segment& seg, int h, int row,
-                                                 int col0, int half, bool ordered) {
-  const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, row) + col0;
-  if (p.dq_accum.type == AccumType::F32) {
-    float* dst = static_cast<float*>(p.dq_accum_ptr) + off;
+// Adds one fragment row (columns 8f, 8f + 1 for every f from `dst`, the row's first column of the
+// thread in the scratch at the Plan's DqAccumLayout offset: the mma.sync and wgmma accumulator
+// layout) of a dQ tile into the scratch. kF32: the fp32 scratch, else the 16-bit one, always in
+// the input's own format (the Plan's AccumType), so a kernel instance for T compiles two element
+// types, not three. kOrdered: deterministic mode, where the CTA holds the tile's turn, so a plain
+// read-modify-write is race free (__ldcg skips a possibly stale L1); else atomic adds.
+template <class T, bool kF32, bool kOrdered, int NF, class Elem>
+__device__ __forceinline__ void add_dq_fragments(Elem* dst, const float (&dq)[NF][4], int half) {
+  if constexpr (kF32) {
+    static_assert(std::is_same<Elem, float>::value, "the fp32 scratch");
 #pragma unroll
     for (int f = 0; f < NF; ++f) {
       const float x = dq[f][2 * half], y = dq[f][2 * half + 1];
       float* d = dst + f * 8;
-      if (ordered) {
+      if constexpr (kOrdered) {
         const float2 cur = __ldcg(reinterpret_cast<const float2*>(d));
         *reinterpret_cast<float2*>(d) = make_float2(cur.x + x, cur.y + y);
       } else {
@@ -119,8 +119,8 @@ __device__ __forceinline__ void add_dq_fragments(const BwdParams& p, const float
       }
     }
   } else {
-    add_16bit_pairs<typename MmaType<T>::Pair>(static_cast<T*>(p.dq_accum_ptr) + off, dq, half,
-                                               ordered);
+    static_assert(std::is_same<Elem, T>::value, "the 16-bit scratch is in the input's format");
+    add_16bit_pairs<typename MmaType<T>::Pair, kOrdered>(dst, dq, half);
   }
 }
 

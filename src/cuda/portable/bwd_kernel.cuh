@@ -12,6 +12,7 @@
 
 #include <type_traits>
 
+#include "cuda/portable/bulk_async.cuh"
 #include "cuda/portable/bwd_common.cuh"
 #include "cuda/portable/config.hpp"
 
@@ -38,7 +39,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   using Mma = MmaType<T>;
 
   extern __shared__ __align__(128) unsigned char smem[];
-  const BwdSmem L = bwd_smem(DQK, DV, p.stages);
+  const BwdSmem L = bwd_smem(DQK, DV, p.stages, p.dq_staged);
   T* sK = reinterpret_cast<T*>(smem + L.k);
   T* sV = reinterpret_cast<T*>(smem + L.v);
   T* sPT = reinterpret_cast<T*>(smem + L.pt);
@@ -62,9 +63,17 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   zero(acc_dk);
   zero(acc_dv);
 
-  auto load_stage = [&](int it, int buf) {
-    const int h = hk * p.group + it / m_count;
-    const int m0 = (m_first + it % m_count) * BM;
+  // Step it covers query tile m_first + it % m_count of query head hk * group + it / m_count,
+  // both kept as counters rather than divided out per step.
+  struct Step {
+    int h, m_tile;
+  };
+  auto next_step = [&](Step s) {
+    return s.m_tile + 1 == m_first + m_count ? Step{s.h + 1, m_first} : Step{s.h, s.m_tile + 1};
+  };
+  auto load_stage = [&](Step s, int buf) {
+    const int h = s.h;
+    const int m0 = s.m_tile * BM;
     const int64_t row0 = seg.q_row0 + m0;
     const int valid = seg.len_q - m0;
     load_tile_async<BM, DQK, NT>(smem + L.q + buf * L.q_stage, L.q_pitch,
@@ -76,7 +85,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     float* s_lse = reinterpret_cast<float*>(smem + L.lse + buf * L.stat_stage);
     float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + buf * L.stat_stage);
     const int64_t stat = p.stats.offset(h, row0);
-    for (int r = tid; r < BM; r += NT) {
+    static_assert(BM <= NT, "one row statistic per thread");
+    if (tid < BM) {
+      const int r = tid;
       cp_async_4(s_lse + r, p.lse + (r < valid ? stat + r : 0), r < valid);
       cp_async_4(s_dp + r, p.dpsum + (r < valid ? stat + r : 0), r < valid);
     }
@@ -87,30 +98,50 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
     load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k, p.k_layout.token_stride, keys, tid);
     load_tile_async<BN, DV, NT>(sV, L.v_pitch, v, p.v_layout.token_stride, keys, tid);
-    load_stage(0, 0);
+    load_stage(Step{hk * p.group, m_first}, 0);
     cp_async_commit();
   }
 
   const bool ordered = p.locks != nullptr;
+  // The dQ scratch offset of (this segment, head 0, row 0); DqAccumLayout::offset is affine in the
+  // head and the row (head_stride(), dim), so a step adds two products instead of recomputing it
+  // per row.
+  const int64_t dq_seg0 = p.dq_accum.offset(0, b, seg.cu_q, 0, 0);
+  const int64_t dq_head_stride = p.dq_accum.head_stride();
+  Step step{hk * p.group, m_first};
+  // Staged dQ (sm_90): the tile a step writes into shared memory is added into the scratch by
+  // thread 0 after the next CTA barrier, when every warp's part is in: its first element's offset
+  // in the scratch and its rows (0: none pending).
+  int64_t dq_pending = 0;
+  int dq_pending_rows = 0;
+  auto flush_dq = [&]() {
+#if __CUDA_ARCH__ >= 900
+    if (tid == 0 && dq_pending_rows > 0) {
+      bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + dq_pending, smem + L.dq,
+                      uint32_t(dq_pending_rows * DQK * sizeof(float)));
+      bulk_commit();
+    }
+#endif
+  };
 
-  for (int it = 0; it < n_it; ++it) {
+  for (int it = 0; it < n_it; ++it, step = next_step(step)) {
     const int buf = p.stages == 2 ? (it & 1) : 0;
     if (p.stages == 1 && it > 0) {
       __syncthreads();  // the single buffer is free once every warp finished step it - 1
-      load_stage(it, 0);
+      load_stage(step, 0);
       cp_async_commit();
     }
     cp_async_wait<0>();
     // Step `it`'s data is in for every thread, and every warp has finished step it - 1: its Q/dO
-    // buffer, P^T and dS^T are free to overwrite.
+    // buffer, P^T and dS^T are free to overwrite, and its staged dQ tile is complete.
     __syncthreads();
+    flush_dq();
     if (p.stages == 2 && it + 1 < n_it) {
-      load_stage(it + 1, (it + 1) & 1);
+      load_stage(next_step(step), (it + 1) & 1);
       cp_async_commit();
     }
 
-    const int h = hk * p.group + it / m_count;
-    const int m_tile = m_first + it % m_count;
+    const int h = step.h, m_tile = step.m_tile;
     const int m0 = m_tile * BM;
     const T* sQ = reinterpret_cast<const T*>(smem + L.q + buf * L.q_stage);
     const T* sdO = reinterpret_cast<const T*>(smem + L.d_o + buf * L.do_stage);
@@ -189,15 +220,19 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     } else {
       score_tile(std::false_type{}, std::true_type{});
     }
+#if __CUDA_ARCH__ >= 900
+    // The staged dQ tile of step it - 1 has been read out (long since: it was issued at the step's
+    // start) before anyone writes this step's.
+    if (p.dq_staged && tid == 0) bulk_wait_read();
+#endif
     __syncthreads();
 
-    // dV += P^T dO and dK += dS^T Q over this step's queries.
+    // dV += P^T dO over this step's queries.
     warp_gemm<T, KV_MF, DV_W / 8, BM, false, true>(acc_dv, sPT, L.s_pitch, kv_key0, sdO, L.do_pitch,
                                                    dv_col0, lane);
-    warp_gemm<T, KV_MF, DK_W / 8, BM, false, true>(acc_dk, sdST, L.s_pitch, kv_key0, sQ, L.q_pitch,
-                                                   dk_col0, lane);
 
-    // dQ tile = dS K over this CTA's keys, added into the scratch.
+    // dQ tile = dS K over this CTA's keys, added into the scratch before dK's product (the order
+    // of FlashAttention-2), so that the dK product runs while the additions are in flight.
     float dq[DQ_MF][DQ_W / 8][4];
     zero(dq);
     warp_gemm<T, DQ_MF, DQ_W / 8, BN, true, true>(dq, sdST, L.s_pitch, dq_row0, sK, L.k_pitch,
@@ -216,21 +251,86 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       }
       __syncthreads();
     }
+    // This warp's dQ rows into the scratch; the accumulation mode is one branch per step. The
+    // scratch's rows are DQK elements apart (the Plan's layout has the problem's head dim, checked
+    // at launch), so one address serves all of a thread's rows with constant offsets: a register
+    // reused for the next row's address would wait for the atomics still reading it.
+    // Where the Plan stages dQ (sm_90, fp32, atomic mode), the warps instead write the tile into
+    // shared memory in the scratch's row layout, and thread 0 adds all its rows with one bulk
+    // reduce-add after the next CTA barrier (the rows of a query tile are contiguous in the
+    // scratch): atomics from registers stall the next writer of each source register until the
+    // atomic has read it, a quarter of the stall samples on the H200 (docs/PERFORMANCE.md item
+    // 36), where the bulk copy reads shared memory asynchronously.
+    const int64_t dq_head = dq_seg0 + h * dq_head_stride;
+    bool staged = false;
+#if __CUDA_ARCH__ >= 900
+    if (p.dq_staged) {
+      staged = true;
+      float* sdq = reinterpret_cast<float*>(smem + L.dq);
 #pragma unroll
-    for (int mf = 0; mf < DQ_MF; ++mf)
+      for (int mf = 0; mf < DQ_MF; ++mf)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = m0 + dq_row0 + mf * 16 + lane / 4 + 8 * half;
-        if (i < seg.len_q) {
-          add_dq_fragments<T>(p, dq[mf], b, seg, h, i, dq_col0 + 2 * (lane % 4), half, ordered);
+        for (int half = 0; half < 2; ++half) {
+          float* srow = sdq + (dq_row0 + mf * 16 + lane / 4 + 8 * half) * L.dq_pitch + dq_col0 +
+                        2 * (lane % 4);
+#pragma unroll
+          for (int f = 0; f < DQ_W / 8; ++f) {
+            *reinterpret_cast<float2*>(srow + f * 8) =
+                make_float2(dq[mf][f][2 * half], dq[mf][f][2 * half + 1]);
+          }
         }
+      fence_proxy_async_smem();  // visible to the bulk copy (async proxy) after the barrier
+      dq_pending = dq_head + int64_t(m0) * DQK;
+      dq_pending_rows = min(BM, seg.len_q - m0);
+    }
+#endif
+    const int i0 = m0 + dq_row0 + lane / 4;  // the thread's first row; the others 8, 16, ... below
+    const int64_t dq_first = dq_head + int64_t(i0) * DQK + dq_col0 + 2 * (lane % 4);
+    auto add_dq = [&](auto f32, auto in_turn) {
+      constexpr bool kF32 = decltype(f32)::value;
+      using Elem = std::conditional_t<kF32, float, T>;
+      Elem* dst = static_cast<Elem*>(p.dq_accum_ptr) + dq_first;
+      asm volatile("" : "+l"(dst));  // made once: not rebuilt per row in a reused register
+#pragma unroll
+      for (int mf = 0; mf < DQ_MF; ++mf)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = mf * 16 + 8 * half;
+          if (i0 + r < seg.len_q) {
+            add_dq_fragments<T, kF32, decltype(in_turn)::value>(dst + r * DQK, dq[mf], half);
+          }
+        }
+    };
+    if (staged) {
+      // added above
+    } else if (ordered) {
+      if (p.dq_accum.type == AccumType::F32) {
+        add_dq(std::true_type{}, std::true_type{});
+      } else {
+        add_dq(std::false_type{}, std::true_type{});
       }
+    } else if (p.dq_accum.type == AccumType::F32) {
+      add_dq(std::true_type{}, std::false_type{});
+    } else {
+      add_dq(std::false_type{}, std::false_type{});
+    }
     if (ordered) {
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(lock, 1);
     }
+
+    // dK += dS^T Q over this step's queries.
+    warp_gemm<T, KV_MF, DK_W / 8, BM, false, true>(acc_dk, sdST, L.s_pitch, kv_key0, sQ, L.q_pitch,
+                                                   dk_col0, lane);
   }
+#if __CUDA_ARCH__ >= 900
+  if (p.dq_staged && n_it > 0) {
+    __syncthreads();  // the last step's staged dQ tile is complete
+    flush_dq();
+    if (tid == 0) bulk_wait_done();  // the additions are performed before the CTA ends
+  }
+#endif
 
   // Epilogue: dK (times the softmax scale) and dV of this warp's keys.
   T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);

@@ -71,14 +71,19 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv) {
 
 // Backward: K, V stay for the CTA's life; Q, dO, LSE, dot(dO,O) come in `stages` buffers;
 // P^T and dS^T ([key][query]) hand the score tiles from one warp layout to the next.
+// dq_staged (the Plan's choice on sm_90, LaunchShape::dq_staged): a step's fp32 dQ tile
+// [block_m][dqk] also passes through shared memory in the scratch's own row layout (rows dqk floats
+// apart), added into the scratch by one bulk reduce-add; dq is then its offset, else dq == bytes
+// and dq_pitch == 0.
 struct BwdSmem {
   int stages;
   int q_pitch, k_pitch, v_pitch, do_pitch, s_pitch;  // elements
-  size_t k, v, q, d_o, pt, dst, lse, dpsum;          // bytes
+  int dq_pitch;                                      // floats
+  size_t k, v, q, d_o, pt, dst, lse, dpsum, dq;      // bytes
   size_t q_stage, do_stage, stat_stage;              // bytes per stage
   size_t bytes;
 };
-RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, int stages) {
+RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, int stages, bool dq_staged = false) {
   BwdConfig c = bwd_config(dqk, dv);
   BwdSmem s{};
   s.stages = stages;
@@ -98,7 +103,10 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, int stages) {
   s.dst = s.pt + size_t(c.block_n) * s.s_pitch * 2;
   s.lse = s.dst + size_t(c.block_n) * s.s_pitch * 2;
   s.dpsum = s.lse + s.stat_stage * stages;
-  s.bytes = s.dpsum + s.stat_stage * stages;
+  s.dq = (s.dpsum + s.stat_stage * stages + 127) / 128 * 128;
+  s.dq_pitch = dq_staged ? dqk : 0;
+  s.bytes = dq_staged ? s.dq + size_t(c.block_m) * s.dq_pitch * 4 : s.dpsum + s.stat_stage * stages;
+  if (!dq_staged) s.dq = s.bytes;
   return s;
 }
 

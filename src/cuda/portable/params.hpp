@@ -64,6 +64,7 @@ struct BwdParams {
   int group;
   int heads_q;
   int stages;
+  bool dq_staged;  // LaunchShape::dq_staged
 };
 
 inline FwdParams make_fwd_params(const PlanData& d, const FwdTensors& t) {
@@ -123,6 +124,7 @@ inline BwdParams make_bwd_params(const PlanData& d, const BwdTensors& t, void* w
   p.group = d.problem.num_heads_q / d.problem.num_heads_kv;
   p.heads_q = d.problem.num_heads_q;
   p.stages = d.bwd.stages;
+  p.dq_staged = d.bwd.dq_staged;
   return p;
 }
 

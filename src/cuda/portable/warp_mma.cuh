@@ -125,18 +125,45 @@ __device__ __forceinline__ void load_b_kn(uint32_t b[4], const void* base, int p
 
 // Copies rows [0, rows) of a [tokens, heads, dim] tile (head fixed) into shared memory with a
 // padded pitch; rows at or past `valid` are zero-filled. All `threads` threads take part.
+// Where the threads cover whole rows (THREADS a multiple of the row's 16-byte chunks, every
+// supported head dim but 96 and 192), each thread owns one column chunk and every
+// (THREADS / chunks)-th row: its addresses are made once and advanced by a constant, and the copy
+// takes a handful of instructions per chunk instead of a division and 64-bit products per chunk.
 template <int ROWS, int DIM, int THREADS, class T>
 __device__ __forceinline__ void load_tile_async(void* smem, int pitch, const T* gmem_row0,
                                                 int64_t token_stride, int valid, int tid) {
   constexpr int kChunksPerRow = DIM / 8;  // 16-byte chunks
   constexpr int kChunks = ROWS * kChunksPerRow;
+  if constexpr (THREADS % kChunksPerRow == 0 && ROWS % (THREADS / kChunksPerRow) == 0) {
+    constexpr int kRowStep = THREADS / kChunksPerRow;
+    const int r0 = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+    const T* src = gmem_row0 + r0 * token_stride + col;
+    uint16_t* dst = static_cast<uint16_t*>(smem) + r0 * pitch + col;
+    const int64_t src_step = kRowStep * token_stride;
 #pragma unroll
-  for (int c = tid; c < kChunks; c += THREADS) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const bool ok = r < valid;
-    const T* src = ok ? gmem_row0 + r * token_stride + col : gmem_row0;
-    cp_async_16(static_cast<uint16_t*>(smem) + r * pitch + col, src, ok);
+    for (int k = 0; k < ROWS / kRowStep; ++k) {
+      const bool ok = r0 + k * kRowStep < valid;
+      cp_async_16(dst + k * kRowStep * pitch, ok ? src : gmem_row0, ok);
+      src += src_step;
+    }
+  } else {
+#pragma unroll
+    for (int c = tid; c < kChunks; c += THREADS) {
+      const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      const bool ok = r < valid;
+      const T* src = ok ? gmem_row0 + r * token_stride + col : gmem_row0;
+      cp_async_16(static_cast<uint16_t*>(smem) + r * pitch + col, src, ok);
+    }
   }
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads) among `count` threads of the CTA, a multiple of 32.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// Arrives at barrier `id` without waiting (the other `count` - 32k threads sync on it).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 __device__ __forceinline__ float quad_max(float v) {

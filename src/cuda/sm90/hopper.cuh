@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/portable/bulk_async.cuh"
 #include "cuda/portable/warp_mma.cuh"
 #include "cuda/sm90/config.hpp"
 #include "cuda/sm90/descriptor.hpp"
@@ -51,11 +52,15 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Makes this thread's generic-proxy shared-memory writes (cp.async included) visible to the
-// async proxy that wgmma reads operands through; a CTA barrier must follow.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+// The proxy fences and bulk reduce-adds (plain sm_90, shared with the portable backward's sm_90
+// build): fence_proxy_async_smem makes this thread's generic-proxy shared-memory writes (cp.async
+// included) visible to the async proxy that wgmma and TMA read through (a CTA barrier must follow).
+using portable::bulk_commit;
+using portable::bulk_reduce_add;
+using portable::bulk_wait_done;
+using portable::bulk_wait_read;
+using portable::fence_proxy_async_global;
+using portable::fence_proxy_async_smem;
 
 // mbarrier (shared memory, CTA scope): a phase completes when `count` arrivals have happened.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -99,54 +104,8 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
       : "memory");
 }
 
-// Barrier `id` (1..15; 0 is __syncthreads) among `count` threads of the CTA, a multiple of 32.
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// Arrives at barrier `id` without waiting (the other `count` - 32k threads sync on it).
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-// Bulk reduce-add of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory
-// into global memory, element-wise atomic, in the bulk-async group of the issuing thread.
-__device__ __forceinline__ void bulk_reduce_add(float* gmem, const void* smem, uint32_t bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
-      "r"(portable::smem_addr(smem)), "r"(bytes)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_reduce_add(__nv_bfloat16* gmem, const void* smem,
-                                                uint32_t bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 [%0], [%1], %2;\n" ::"l"(
-          gmem),
-      "r"(portable::smem_addr(smem)), "r"(bytes)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_reduce_add(__half* gmem, const void* smem, uint32_t bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 [%0], [%1], %2;\n" ::"l"(
-          gmem),
-      "r"(portable::smem_addr(smem)), "r"(bytes)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be
-// written again).
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-// Waits until this thread's bulk groups are complete (their global writes performed).
-__device__ __forceinline__ void bulk_wait_done() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-// Orders this thread's async-proxy global accesses with its later generic-proxy ones.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
+using portable::named_barrier_arrive;  // named barriers: warp_mma.cuh
+using portable::named_barrier_sync;
 
 // Warpgroup register reallocation: producers give registers back, consumers take them.
 template <int N>

@@ -1,0 +1,63 @@
+// Bulk asynchronous copies of sm_90 (cp.async.bulk, plain sm_90: no sm_90a features) that the
+// Hopper kernels and the portable backward's sm_90 build share: reduce-adds from shared memory into
+// global memory, their groups, and the proxy fences that order them with ordinary accesses. Only
+// device code compiled for sm_90 or newer may call them.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/portable/warp_mma.cuh"
+
+namespace raggedattn {
+namespace portable {
+
+// Makes this thread's shared-memory writes visible to the async proxy (TMA, bulk copies, wgmma).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Orders this thread's async-proxy global accesses with its later generic-proxy ones.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// Bulk reduce-add of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory
+// into global memory, element-wise atomic, in the bulk-async group of the issuing thread.
+__device__ __forceinline__ void bulk_reduce_add(float* gmem, const void* smem, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
+      "r"(smem_addr(smem)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add(__nv_bfloat16* gmem, const void* smem,
+                                                uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 [%0], [%1], %2;\n" ::"l"(
+          gmem),
+      "r"(smem_addr(smem)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add(__half* gmem, const void* smem, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 [%0], [%1], %2;\n" ::"l"(
+          gmem),
+      "r"(smem_addr(smem)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be
+// written again).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups are complete (their global writes performed).
+__device__ __forceinline__ void bulk_wait_done() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+}  // namespace portable
+}  // namespace raggedattn
