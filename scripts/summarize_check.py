@@ -39,7 +39,11 @@ def parse(path):
 
 
 def main():
-    logs = [(a.split("=", 1)[0], parse(a.split("=", 1)[1])) for a in sys.argv[1:]]
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    # LABEL=PATH, or PATH alone (labelled by its file name).
+    specs = [a.split("=", 1) if "=" in a else [a.rsplit("/", 1)[-1], a] for a in sys.argv[1:]]
+    logs = [(label, parse(path)) for label, path in specs]
     head = "| config | " + " | ".join(f"{label}: O / dQ / dK / dV rel, min cos" for label, _ in logs) + " |"
     print(head)
     print("|---" * (len(logs) + 1) + "|")
