@@ -259,8 +259,8 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     // shared memory in the scratch's row layout, and thread 0 adds all its rows with one bulk
     // reduce-add after the next CTA barrier (the rows of a query tile are contiguous in the
     // scratch): atomics from registers stall the next writer of each source register until the
-    // atomic has read it, a quarter of the stall samples on the H200 (docs/PERFORMANCE.md item
-    // 36), where the bulk copy reads shared memory asynchronously.
+    // atomic has read it, a quarter of the stall samples on the H200 (docs/PERFORMANCE.md items
+    // 37-38), where the bulk copy reads shared memory asynchronously.
     const int64_t dq_head = dq_seg0 + h * dq_head_stride;
     bool staged = false;
 #if __CUDA_ARCH__ >= 900
