@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   // Staged dQ (sm_90): the tile a step writes into shared memory is added into the scratch by
   // thread 0 after the next CTA barrier, when every warp's part is in: its first element's offset
   // in the scratch and its rows (0: none pending).
-  int64_t dq_pending = 0;
-  int dq_pending_rows = 0;
+  [[maybe_unused]] int64_t dq_pending = 0;  // unused where the sm_80 build compiles no staging
+  [[maybe_unused]] int dq_pending_rows = 0;
   auto flush_dq = [&]() {
 #if __CUDA_ARCH__ >= 900
     if (tid == 0 && dq_pending_rows > 0) {
