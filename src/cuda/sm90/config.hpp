@@ -106,8 +106,12 @@ inline int64_t fwd_ctas(int num_sms, int64_t work_items, int64_t max_seqlen_q) {
 }
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
+// The (head_dim_qk, head_dim_v) pairs the Hopper forward has kernels for, bf16 and fp16 each: the
+// one list that fwd_supports and the entry point's dispatch (fwd_sm90.cu) read.
+#define RATTN_SM90_FWD_HEAD_DIMS(X) X(64, 64) X(128, 128) X(192, 128) X(256, 256)
+#define RATTN_SM90_IS_PAIR(DQK, DV) (dqk == DQK && dv == DV) ||
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
-  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
+  return RATTN_SM90_FWD_HEAD_DIMS(RATTN_SM90_IS_PAIR) false;
 }
 
 constexpr int kSwizzleBytes = 128;   // one panel row
@@ -154,8 +158,10 @@ static_assert(fits_register_pool(kBwd) && fits_register_pool(kBwdColumnSplit),
               "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The head dims the Hopper backward is built for.
+// Likewise for the Hopper backward (bwd_sm90.cu).
+#define RATTN_SM90_BWD_HEAD_DIMS(X) X(64, 64) X(128, 128) X(192, 128) X(256, 256)
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
-  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
+  return RATTN_SM90_BWD_HEAD_DIMS(RATTN_SM90_IS_PAIR) false;
 }
 
 // The head dims the Hopper path takes: a Hopper kernel in either direction (the other direction
