@@ -73,8 +73,9 @@ def main():
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
     ap.add_argument("--lib", action="append", default=[], metavar="TAG=DIR",
-                    help="also measure the variants with the library in DIR (another build of "
-                         "libraggedattn.so, e.g. a branch's), named <variant>_<TAG>; repeatable")
+                    help="also measure the variants with the library in DIR or DIR/src (another "
+                         "build of libraggedattn.so, e.g. a branch's), named <variant>_<TAG>; "
+                         "repeatable")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -83,6 +84,10 @@ def main():
     builds = [("", None)]
     for spec in args.lib:
         tag, _, path = spec.partition("=")
+        # A whole staged build (scripts/stage_build.sh without --lib-only) keeps it under src/.
+        if not os.path.isfile(os.path.join(path, "libraggedattn.so")) and os.path.isfile(
+                os.path.join(path, "src", "libraggedattn.so")):
+            path = os.path.join(path, "src")
         if not os.path.isfile(os.path.join(path, "libraggedattn.so")):
             # Without the library there, the loader would fall back to this build's copy and the
             # comparison would silently measure the same library twice.

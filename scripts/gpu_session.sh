@@ -102,6 +102,8 @@ for s in $steps; do
       for spec in ${AB_LIBS:?set AB_LIBS}; do
         tag=${spec%%=*}
         dir=$(cd "${spec#*=}" && pwd)
+        # A whole staged build (stage_build.sh without --lib-only) keeps the library under src/.
+        [ ! -f "$dir/libraggedattn.so" ] && [ -f "$dir/src/libraggedattn.so" ] && dir=$dir/src
         # Without the library in DIR the loader falls back to BUILD_DIR's copy: refuse, or the
         # comparison would silently measure one build twice.
         [ -f "$dir/libraggedattn.so" ] || { echo "AB_LIBS: $dir holds no libraggedattn.so" >&2; exit 2; }
