@@ -1,8 +1,9 @@
-// The portable kernels' shared-memory layouts (src/cuda/portable/config.hpp), which the Plan sizes
-// launches from and the kernels address by: for every instantiated head-dim pair, every stage
-// count and with or without the staged dQ tile, the regions are disjoint, inside the allocation
-// and aligned for their accesses (cp.async, ldmatrix and the bulk copy: 16 bytes), and the padded
-// row pitches keep ldmatrix's eight 16-byte rows on distinct banks.
+// The kernels' shared-memory layouts, which the Plan sizes launches from and the kernels address
+// by (src/cuda/portable/config.hpp, src/cuda/sm90/config.hpp): for every instantiated head-dim
+// pair (and, on the portable path, every stage count, with or without the staged dQ tile), the
+// regions are disjoint, inside the allocation and aligned for their accesses (cp.async, ldmatrix
+// and bulk copies: 16 bytes; the Hopper path's 128-byte-swizzled tiles: 1024; mbarriers: 8), and
+// the portable path's padded row pitches keep ldmatrix's eight 16-byte rows on distinct banks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "cuda/portable/config.hpp"
 #include "cuda/portable/instantiations.hpp"
+#include "cuda/sm90/config.hpp"
 
 namespace raggedattn {
 namespace {
@@ -19,6 +21,7 @@ namespace {
 struct Region {
   std::string name;
   size_t begin, end;
+  size_t align = 16;  // what its accesses need
 };
 
 struct Dims {
@@ -34,7 +37,8 @@ void expect_disjoint_inside(std::vector<Region> regions, size_t bytes, const std
   for (size_t i = 0; i < regions.size(); ++i) {
     EXPECT_LT(regions[i].begin, regions[i].end) << what << ": " << regions[i].name << " is empty";
     EXPECT_LE(regions[i].end, bytes) << what << ": " << regions[i].name << " runs past the end";
-    EXPECT_EQ(regions[i].begin % 16, 0u) << what << ": " << regions[i].name << " not 16-aligned";
+    EXPECT_EQ(regions[i].begin % regions[i].align, 0u)
+        << what << ": " << regions[i].name << " not " << regions[i].align << "-byte aligned";
     if (i + 1 < regions.size()) {
       EXPECT_LE(regions[i].end, regions[i + 1].begin)
           << what << ": " << regions[i].name << " overlaps " << regions[i + 1].name;
@@ -101,6 +105,54 @@ TEST(PortableSmem, ForwardRegionsAreDisjointAlignedAndInside) {
                             {"V", L.v, L.v + size_t(c.block_n) * L.v_pitch * 2}},
                            L.bytes, what);
     for (int pitch : {L.q_pitch, L.k_pitch, L.v_pitch}) expect_conflict_free_pitch(pitch, what);
+  }
+}
+
+// The Hopper path's pairs (both directions).
+const std::vector<Dims> kSm90Dims = {{64, 64}, {128, 128}, {192, 128}, {256, 256}};
+
+TEST(Sm90Smem, ForwardRegionsAreDisjointAlignedAndInside) {
+  for (const Dims& d : kSm90Dims) {
+    ASSERT_TRUE(sm90::fwd_supports(d.dqk, d.dv));
+    for (bool persistent : {false, true}) {
+      const sm90::FwdConfig c = sm90::fwd_config(d.dqk, d.dv, persistent);
+      const sm90::FwdSmem L = sm90::fwd_smem(d.dqk, d.dv, persistent);
+      const std::string what = "sm90 fwd D=" + std::to_string(d.dqk) + "/" +
+                               std::to_string(d.dv) + (persistent ? " persistent" : " grid");
+      std::vector<Region> r = {{"Q buffers", L.q, L.q + L.q_buffers * L.q_stage, 1024},
+                               {"K stages", L.k, L.k + c.stages * L.k_stage, 1024},
+                               {"V stages", L.v, L.v + c.stages * L.v_stage, 1024},
+                               {"mbarriers", L.bars, L.bars + (2 * L.q_buffers + 2 * c.stages) * 8, 8},
+                               {"work slots", L.slots, L.slots + (2 + L.q_buffers) * 8, 8}};
+      // Stages are whole swizzle atoms, so every stage of a ring starts 1024-aligned too.
+      for (size_t stage : {L.q_stage, L.k_stage, L.v_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
+      // The kernel aligns its base up to kSmemAlign inside the allocation: the layout must fit
+      // in what is left.
+      expect_disjoint_inside(r, L.bytes - sm90::kSmemAlign, what);
+      EXPECT_LE(L.bytes, size_t(227) * 1024) << what;
+    }
+  }
+}
+
+TEST(Sm90Smem, BackwardRegionsAreDisjointAlignedAndInside) {
+  for (const Dims& d : kSm90Dims) {
+    ASSERT_TRUE(sm90::bwd_supports(d.dqk, d.dv));
+    const sm90::BwdConfig c = sm90::bwd_config(d.dqk, d.dv);
+    const sm90::BwdSmem L = sm90::bwd_smem(d.dqk, d.dv);
+    const std::string what = "sm90 bwd D=" + std::to_string(d.dqk) + "/" + std::to_string(d.dv);
+    std::vector<Region> r = {
+        {"K", L.k, L.k + sm90::tile_bytes(c.block_n, d.dqk), 1024},
+        {"V", L.v, L.v + sm90::tile_bytes(c.block_n, d.dv), 1024},
+        {"Q stages", L.q, L.q + c.stages * L.q_stage, 1024},
+        {"dO stages", L.d_o, L.d_o + c.stages * L.do_stage, 1024},
+        {"dS^T buffers", L.ds, L.ds + 2 * L.ds_stage, 1024},
+        {"dQ tile (fp32 at most)", L.dq, L.dq + size_t(c.block_m) * d.dqk * 4, 16},
+        {"LSE stages", L.lse, L.lse + c.stages * L.stat_stage, 16},
+        {"dot stages", L.dpsum, L.dpsum + c.stages * L.stat_stage, 16},
+        {"mbarriers", L.bars, L.bars + sm90::bwd_barriers(c.stages) * 8, 8}};
+    for (size_t stage : {L.q_stage, L.do_stage, L.ds_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
+    expect_disjoint_inside(r, L.bytes - sm90::kSmemAlign, what);
+    EXPECT_LE(L.bytes, size_t(227) * 1024) << what;
   }
 }
 
