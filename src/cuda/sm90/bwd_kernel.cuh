@@ -513,28 +513,45 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       mbar_arrive(dq_full);
     }
 
-    // Epilogue: dK (times the softmax scale) and dV of this thread's keys (and, under the column
-    // split, its warpgroup's columns).
-    T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
-    T* dv = static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk);
+    // Epilogue: dK (times the softmax scale) and dV of this warpgroup's keys and columns, staged
+    // in shared memory in K's and V's own tiles (no one reads them once both consumers' last
+    // products have landed: the producer loaded them once, warp 1 reads only the dQ tile), in
+    // their 128-byte-swizzled panel layout by stmatrix, then copied out 16 bytes per row chunk:
+    // whole 32-byte sectors, and a quarter of the store instructions of storing each thread's
+    // accumulator pairs directly.
+    named_barrier_sync(1, kConsumerThreads);  // both consumers' last products have landed
+    auto stage = [&](const auto& acc, int col0, uint32_t base, float mul) {
+      constexpr int NF = std::extent<std::remove_reference_t<decltype(acc)>>::value;
+      static_assert(NF % 2 == 0, "fragment pairs: 16 columns per stmatrix");
+      const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row_a + 8 * half;
-      if (r < keys) {
-        T* dkrow = dk + r * p.dk_layout.token_stride + dk0 + 2 * (lane % 4);
-        T* dvrow = dv + r * p.dv_layout.token_stride + dv0 + 2 * (lane % 4);
-#pragma unroll
-        for (int f = 0; f < DKN / 8; ++f) {
-          *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
-              Mma::pack(acc_dk[f][2 * half] * p.scale, acc_dk[f][2 * half + 1] * p.scale);
-        }
-#pragma unroll
-        for (int f = 0; f < DVN / 8; ++f) {
-          *reinterpret_cast<uint32_t*>(dvrow + f * 8) =
-              Mma::pack(acc_dv[f][2 * half], acc_dv[f][2 * half + 1]);
+      for (int f = 0; f < NF; f += 2) {
+        const uint32_t r[4] = {Mma::pack(acc[f][0] * mul, acc[f][1] * mul),
+                               Mma::pack(acc[f][2] * mul, acc[f][3] * mul),
+                               Mma::pack(acc[f + 1][0] * mul, acc[f + 1][1] * mul),
+                               Mma::pack(acc[f + 1][2] * mul, acc[f + 1][3] * mul)};
+        stmatrix_x4(base + swizzled_offset(BN, st_row, col0 / 8 + f + lane / 16), r);
+      }
+    };
+    stage(acc_dk, dk0, k_addr, p.scale);
+    stage(acc_dv, dv0, v_addr, 1.f);
+    named_barrier_sync(1, kConsumerThreads);  // every warp's part of the tiles is in
+    // This warpgroup's 64 key rows from key0, `width` columns from col0, 16 bytes at a time;
+    // rows past the segment's keys are not written.
+    auto copy_out = [&](T* out, int64_t stride, const unsigned char* tile, int col0, int width) {
+      const int chunks = width / 8, ptid = tid % 128;
+      for (int i = ptid; i < 64 * chunks; i += 128) {
+        const int r = key0 + i / chunks, ch = i % chunks;
+        if (r < keys) {
+          *reinterpret_cast<uint4*>(out + r * stride + col0 + ch * 8) =
+              *reinterpret_cast<const uint4*>(tile + swizzled_offset(BN, r, col0 / 8 + ch));
         }
       }
-    }
+    };
+    copy_out(static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk),
+             p.dk_layout.token_stride, smem + L.k, dk0, DKN);
+    copy_out(static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk),
+             p.dv_layout.token_stride, smem + L.v, dv0, DVN);
   };
   using std::integral_constant;
   constexpr BwdColumns c0 = bwd_columns(DQK, DV, 0), c1 = bwd_columns(DQK, DV, 1);
