@@ -246,9 +246,10 @@ struct BwdSmem {
   size_t q_stage, do_stage, ds_stage, stat_stage;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty.
+// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty, and
+// the producer's own for a partial tile's TMA boxes (it zeroes the rows past the segment after).
 RATTN_HD constexpr int bwd_barriers(int stages) {
-  return 1 + 2 * stages + 2;
+  return 1 + 2 * stages + 2 + 1;
 }
 RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
   const BwdConfig c = bwd_config(dqk, dv);
