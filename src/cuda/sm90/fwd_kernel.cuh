@@ -7,7 +7,8 @@
 //                          item's loads overlapping the current one's last product and epilogue.
 //                          The Plan's choice where the longest document is short
 //                          (sm90::fwd_ctas).
-// Warp-specialized: a producer warpgroup copies Q and the K/V tiles (TMA) into
+// Warp-specialized: a producer warpgroup copies Q and the K/V tiles (TMA; the grid kernel's Q by
+// cp.async) into
 // shared memory, a ring of K/V stages handed over with mbarriers; two consumer warpgroups of 64
 // query rows each run wgmma with register accumulators, taking turns to issue their products
 // (ping-pong: one's softmax overlaps the other's products).
