@@ -211,10 +211,15 @@ struct FwdSmem {
   size_t q, k, v;  // byte offsets from the 1024-aligned base
   size_t q_stage, k_stage, v_stage;
   int q_buffers;
-  size_t bars;   // mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages]
+  size_t bars;   // mbarriers (fwd_barriers)
   size_t slots;  // the persistent kernel's work items: fetched[2], current[q_buffers]
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
+// mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages], and the
+// producer's own for a partial K/V tile's TMA boxes (it zeroes the rows past the segment after).
+RATTN_HD constexpr int fwd_barriers(int q_buffers, int stages) {
+  return 2 * q_buffers + 2 * stages + 1;
+}
 RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   const FwdConfig c = fwd_config(dqk, dv, persistent);
   FwdSmem s{};
@@ -226,7 +231,7 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   s.k = s.q + s.q_buffers * s.q_stage;
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
-  s.slots = s.bars + (2 * s.q_buffers + 2 * c.stages) * 8;
+  s.slots = s.bars + fwd_barriers(s.q_buffers, c.stages) * 8;
   s.bytes = s.slots + (2 + s.q_buffers) * 8 + kSmemAlign;
   return s;
 }
