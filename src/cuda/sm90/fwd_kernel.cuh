@@ -47,7 +47,7 @@ using portable::FwdParams;
 // forward's workspace).
 struct FwdTmaParams {
   FwdParams p;
-  CUtensorMap q_map;                 // boxes of block_m rows (the persistent kernel's Q)
+  CUtensorMap q_map;                 // boxes of block_m rows
   CUtensorMap k_map, v_map;          // boxes of block_n rows
   int64_t work_tiles;                // the ragged tile map's index space (LaunchShape::tiles)
   int heads;                         // query heads: work items = work_tiles x heads
@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int h = blockIdx.y, hk = h / p.group;
   const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
   const Segment seg = w.seg;
-  const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
+  const int m0 = w.m0, key_lo = w.key_lo, key_hi = w.key_hi;
 
   if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
     portable::write_unseen_tile<T, DV>(p, w, h, tid, kFwdThreads);
@@ -403,23 +403,29 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int n_tiles = (key_hi - 1) / BN - n_first + 1;
 
   if (tid == 0) {
-    mbar_init(q_full, 128);
+    mbar_init(q_full, 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
     init_kv_ring<DQK, DV, false>(full, empty);
     mbar_init(partial, 1);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
-    // freed it, by TMA (fwd_load_kv; a segment's partial last tile's rows past the segment
-    // zeroed after, fwd_zero_partial_kv). Every thread arrives once its own writes have landed
-    // and are visible to the async proxy, so a stage's barrier completes when all 128 threads
-    // and the TMA bytes are in.
+    // ---- Producer: Q once, then K/V tile i into stage i % STAGES once both consumers freed it,
+    // all by TMA (fwd_load_kv; a segment's partial last K/V tile's rows past the segment zeroed
+    // after, fwd_zero_partial_kv). Q comes whole even past its segment's end: a query row's O
+    // depends on that row of Q only, and the rows past the segment are never written (past the
+    // tensor's end TMA fills zeros). Every thread arrives on a stage's barrier once its own
+    // writes are visible to the async proxy, so it completes when all 128 threads and the TMA
+    // bytes are in.
     regs_dealloc<C.producer_regs>();
-    const int ptid = tid;
-    const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
-    load_tile_sw128<BM, DQK, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
-    portable::cp_async_commit();
+    if (tid == 0) {
+      mbar_expect_tx(q_full, uint32_t(tile_bytes(BM, DQK)));
+#pragma unroll
+      for (int panel = 0; panel < DQK / 64; ++panel)
+        tma_load_3d(smem + L.q + panel * BM * kSwizzleBytes, &args.q_map, panel * 64, h,
+                    int(seg.q_row0 + m0), q_full);
+      mbar_arrive(q_full);
+    }
     uint32_t partial_uses = 0;
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % STAGES;
@@ -429,11 +435,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       if (!whole) {
         fwd_zero_partial_kv<DQK, DV, false>(smem, s, seg.len_kv - n0, partial, partial_uses++);
       }
-      if (i == 0 || !whole) {
-        portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
-        fence_proxy_async_smem();
-      }
-      if (i == 0) mbar_arrive(q_full);
+      if (!whole) fence_proxy_async_smem();  // the zeroed rows, visible to wgmma
       mbar_arrive(&full[s]);
     }
     return;

@@ -46,10 +46,8 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
   a.work_tiles = d.fwd.tiles;
   a.heads = pr.num_heads_q;
   a.work_counter = d.fwd_ws.work_counter.in<unsigned long long>(workspace);
-  if (d.fwd.item_ctas > 0) {  // the persistent kernel's Q comes by TMA
-    RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(),
-                                       pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.fwd.block_m));
-  }
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(),
+                                     pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.fwd.block_m));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, pr.dtype, t.k, d.k(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, pr.dtype, t.v, d.v(),
