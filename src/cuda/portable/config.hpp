@@ -103,10 +103,10 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, int stages, bool dq_staged 
   s.dst = s.pt + size_t(c.block_n) * s.s_pitch * 2;
   s.lse = s.dst + size_t(c.block_n) * s.s_pitch * 2;
   s.dpsum = s.lse + s.stat_stage * stages;
-  s.dq = (s.dpsum + s.stat_stage * stages + 127) / 128 * 128;
+  const size_t end = s.dpsum + s.stat_stage * stages;
   s.dq_pitch = dq_staged ? dqk : 0;
-  s.bytes = dq_staged ? s.dq + size_t(c.block_m) * s.dq_pitch * 4 : s.dpsum + s.stat_stage * stages;
-  if (!dq_staged) s.dq = s.bytes;
+  s.dq = dq_staged ? (end + 127) / 128 * 128 : end;
+  s.bytes = s.dq + size_t(c.block_m) * s.dq_pitch * 4;
   return s;
 }
 
