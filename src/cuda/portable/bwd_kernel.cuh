@@ -132,12 +132,6 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       cp_async_commit();
     }
     cp_async_wait<0>();
-#if __CUDA_ARCH__ >= 900
-    // This thread's part of step it - 1's staged dQ tile, visible to the bulk copy (async proxy)
-    // once the barrier is passed. Here rather than right after the writes: the fence waits for
-    // the thread's outstanding memory operations, and here the stage's copies have landed.
-    if (p.dq_staged && it > 0) fence_proxy_async_smem();
-#endif
     // Step `it`'s data is in for every thread, and every warp has finished step it - 1: its Q/dO
     // buffer, P^T and dS^T are free to overwrite, and its staged dQ tile is complete.
     __syncthreads();
@@ -285,6 +279,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
                 make_float2(dq[mf][f][2 * half], dq[mf][f][2 * half + 1]);
           }
         }
+      fence_proxy_async_smem();  // visible to the bulk copy (async proxy) after the barrier
       dq_pending = dq_head + int64_t(m0) * DQK;
       dq_pending_rows = min(BM, seg.len_q - m0);
     }
@@ -331,7 +326,6 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   }
 #if __CUDA_ARCH__ >= 900
   if (p.dq_staged && n_it > 0) {
-    fence_proxy_async_smem();
     __syncthreads();  // the last step's staged dQ tile is complete
     flush_dq();
     if (tid == 0) bulk_wait_done();  // the additions are performed before the CTA ends
