@@ -127,52 +127,5 @@ __device__ __forceinline__ void pin(float (&d)[NF][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
-// Copies rows [0, ROWS) of a [tokens, heads, DIM] tile (head fixed) into the swizzled panel
-// layout at `smem`; rows at or past `valid` are zero-filled. Threads tid = 0 .. THREADS-1 take
-// part. UNROLL: copies per loop iteration (0: all of them; a warp that copies whole tiles alone
-// under a small register budget unrolls less). Where the threads cover whole rows (THREADS a
-// multiple of the row's 16-byte chunks: every head dim but 192 with 32 threads), each thread
-// keeps one chunk column and steps through every (THREADS / chunks)-th row, its global address
-// advanced by a constant: a handful of instructions per chunk where the general loop divides
-// and multiplies in 64 bits per chunk (the portable kernels' copies, PERFORMANCE.md item 37).
-template <int ROWS, int DIM, int THREADS, int UNROLL = 0, class T>
-__device__ __forceinline__ void load_tile_sw128(unsigned char* smem, const T* gmem_row0,
-                                                int64_t token_stride, int valid, int tid) {
-  constexpr int kChunksPerRow = DIM / 8;
-  constexpr int kChunks = ROWS * kChunksPerRow;
-  static_assert(kChunks % THREADS == 0, "tile chunks per thread");
-  if constexpr (THREADS % kChunksPerRow == 0 && ROWS % (THREADS / kChunksPerRow) == 0) {
-    constexpr int kRowStep = THREADS / kChunksPerRow;
-    const int chunk = tid % kChunksPerRow;
-    int r = tid / kChunksPerRow;
-    const T* src = gmem_row0 + r * token_stride + chunk * 8;
-    auto copy = [&]() {
-      const bool ok = r < valid;
-      portable::cp_async_16(smem + swizzled_offset(ROWS, r, chunk), ok ? src : gmem_row0, ok);
-      r += kRowStep;
-      src += kRowStep * token_stride;
-    };
-    // Four copies per iteration at most: their addresses are made in the loop, and the callers
-    // run under small register budgets (the producer warpgroups).
-    constexpr int kUnroll = UNROLL == 0 || UNROLL > 4 ? 4 : UNROLL;
-#pragma unroll kUnroll
-    for (int k = 0; k < ROWS / kRowStep; ++k) copy();
-  } else {
-    auto copy = [&](int c) {
-      const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
-      const bool ok = r < valid;
-      const T* src = ok ? gmem_row0 + r * token_stride + chunk * 8 : gmem_row0;
-      portable::cp_async_16(smem + swizzled_offset(ROWS, r, chunk), src, ok);
-    };
-    if constexpr (UNROLL == 0) {
-#pragma unroll
-      for (int c = tid; c < kChunks; c += THREADS) copy(c);
-    } else {
-#pragma unroll UNROLL
-      for (int c = tid; c < kChunks; c += THREADS) copy(c);
-    }
-  }
-}
-
 }  // namespace sm90
 }  // namespace raggedattn
