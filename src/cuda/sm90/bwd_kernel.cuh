@@ -550,7 +550,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // their 128-byte-swizzled panel layout by stmatrix, then copied out 16 bytes per row chunk:
     // whole 32-byte sectors, and a quarter of the store instructions of storing each thread's
     // accumulator pairs directly.
-    named_barrier_sync(1, kConsumerThreads);  // both consumers' last products have landed
+    // The two consumers meet twice below. Where their column widths differ (D = 192 / 128), each
+    // runs its own instantiation of this code and reaches the barrier from its own instruction.
+    auto consumers_meet = [&]() {
+      if constexpr (bwd_columns_symmetric(DQK, DV)) {
+        named_barrier_sync(1, kConsumerThreads);
+      } else {
+        named_barrier_sync_unaligned(1, kConsumerThreads);
+      }
+    };
+    consumers_meet();  // both consumers' last products have landed
     auto stage = [&](const auto& acc, int col0, uint32_t base, float mul) {
       constexpr int NF = std::extent<std::remove_reference_t<decltype(acc)>>::value;
       static_assert(NF % 2 == 0, "fragment pairs: 16 columns per stmatrix");
@@ -566,7 +575,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     };
     stage(acc_dk, dk0, k_addr, p.scale);
     stage(acc_dv, dv0, v_addr, 1.f);
-    named_barrier_sync(1, kConsumerThreads);  // every warp's part of the tiles is in
+    consumers_meet();  // every warp's part of the tiles is in
     // This warpgroup's 64 key rows from key0, `width` columns from col0, 16 bytes at a time;
     // rows past the segment's keys are not written.
     auto copy_out = [&](T* out, int64_t stride, const unsigned char* tile, int col0, int width) {
