@@ -74,9 +74,14 @@ struct DqAccumLayout {
   // Element offset of (split, segment b, head, row i of the segment, column c): where a writer
   // puts and a reader finds one element, in either tile order.
   RATTN_HD int64_t at(int split, int b, int32_t cu_q_b, int head, int64_t i, int32_t c) const {
-    if (order == DqTileOrder::Rows) return offset(split, b, cu_q_b, head, i) + c;
-    const int64_t i0 = i - i % kTileRows;  // the tile's first row: offset() is the tile's base
-    return offset(split, b, cu_q_b, head, i0) + fragment_index(int32_t(i - i0), c);
+    return at_from(offset(split, b, cu_q_b, head, 0), i, c);
+  }
+  // The same from the (split, segment, head) slot's base, offset(split, b, cu_q_b, head, 0), so a
+  // reader or writer of many elements of one slot makes that once (offset() is affine in the row).
+  RATTN_HD int64_t at_from(int64_t base, int64_t i, int32_t c) const {
+    if (order == DqTileOrder::Rows) return base + i * dim + c;
+    const int64_t i0 = i - i % kTileRows;  // the tile's first row
+    return base + i0 * dim + fragment_index(int32_t(i - i0), c);
   }
   // Wgmma64: (r, c) of a tile, r in [0, 64), within the tile's 64 x dim elements.
   RATTN_HD static int32_t fragment_index(int32_t r, int32_t c) {

@@ -200,6 +200,42 @@ TEST(DqAccumLayout, CompactRowsStayWithinTotalPlus16PerSegment) {
 // (rows past the segment's end included, as the Hopper backward writes them) are a permutation of
 // the slot's rows, no two (segment, head, row, column) share an element, and nothing leaves the
 // scratch.
+// Where the writers put an element and where dq_convert reads it are the same: the portable
+// backward writes row i at offset(.., i) + c (Rows), the Hopper backward a 64-row tile at
+// offset(.., i0) in fragment order (Wgmma64); at() and at_from() (dq_convert) must agree with both.
+TEST(DqAccumLayout, ReaderAgreesWithTheWritersAddresses) {
+  for (int trial = 0; trial < 8; ++trial) {
+    const std::vector<int32_t> lens = random_lengths(9000 + trial);
+    const std::vector<int32_t> cu = prefix_sums(lens);
+    const int32_t max_len = *std::max_element(lens.begin(), lens.end());
+    for (DqTileOrder order : {DqTileOrder::Rows, DqTileOrder::Wgmma64}) {
+      const DqAccumLayout l =
+          make_dq_accum_layout(DqSlotScheme::Compact, AccumType::F32, 2, int32_t(lens.size()), 3,
+                               128, cu.back(), max_len, 64, order);
+      ASSERT_EQ(l.order, order);
+      for (int s = 0; s < 2; ++s) {
+        for (int b = 0; b < int(lens.size()); ++b) {
+          for (int h = 0; h < 3; ++h) {
+            const int64_t base = l.offset(s, b, cu[size_t(b)], h, 0);
+            for (int64_t i : {int64_t(0), int64_t(63), int64_t(64), int64_t(lens[size_t(b)] / 2)}) {
+              for (int32_t c : {0, 1, 7, 8, 63, 127}) {
+                const int64_t i0 = i - i % DqAccumLayout::kTileRows;
+                const int64_t writer =
+                    order == DqTileOrder::Rows
+                        ? l.offset(s, b, cu[size_t(b)], h, i) + c
+                        : l.offset(s, b, cu[size_t(b)], h, i0) +
+                              DqAccumLayout::fragment_index(int32_t(i - i0), c);
+                ASSERT_EQ(l.at(s, b, cu[size_t(b)], h, i, c), writer) << "row " << i << " col " << c;
+                ASSERT_EQ(l.at_from(base, i, c), writer) << "row " << i << " col " << c;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(DqAccumLayout, Wgmma64TilesPermuteTheirSlotRows) {
   for (int trial = 0; trial < 12; ++trial) {
     std::vector<int32_t> lens = random_lengths(7000 + trial);

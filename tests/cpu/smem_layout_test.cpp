@@ -122,7 +122,7 @@ TEST(Sm90Smem, ForwardRegionsAreDisjointAlignedAndInside) {
       std::vector<Region> r = {{"Q buffers", L.q, L.q + L.q_buffers * L.q_stage, 1024},
                                {"K stages", L.k, L.k + c.stages * L.k_stage, 1024},
                                {"V stages", L.v, L.v + c.stages * L.v_stage, 1024},
-                               {"mbarriers", L.bars, L.bars + (2 * L.q_buffers + 2 * c.stages) * 8, 8},
+                               {"mbarriers", L.bars, L.bars + sm90::fwd_barriers(L.q_buffers, c.stages) * 8, 8},
                                {"work slots", L.slots, L.slots + (2 + L.q_buffers) * 8, 8}};
       // Stages are whole swizzle atoms, so every stage of a ring starts 1024-aligned too.
       for (size_t stage : {L.q_stage, L.k_stage, L.v_stage}) EXPECT_EQ(stage % 1024, 0u) << what;

@@ -6,6 +6,7 @@
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/bwd_sequence.hpp"
+#include "cuda/dispatch_dims.cuh"
 #include "cuda/portable/instantiations.hpp"
 #include "cuda/portable/launch.cuh"
 #include "cuda/portable/params.hpp"
@@ -24,18 +25,8 @@ Status cuda_status(const char* where, cudaError_t e) {
                                           cudaGetErrorString(e)));
 }
 
-// Calls f(T{}, std::integral_constant<DQK>, std::integral_constant<DV>) for the plan's shape.
-template <class F>
-cudaError_t dispatch(const Problem& pr, F&& f) {
-#define RATTN_CASE(DQK, DV)                                                               \
-  if (pr.head_dim_qk == DQK && pr.head_dim_v == DV) {                                     \
-    return pr.dtype == RATTN_DTYPE_BF16 ? f.template operator()<__nv_bfloat16, DQK, DV>() \
-                                        : f.template operator()<__half, DQK, DV>();       \
-  }
-  RATTN_PORTABLE_HEAD_DIMS(RATTN_CASE)
-#undef RATTN_CASE
-  return cudaErrorInvalidValue;  // unreachable: the Plan admits only the listed shapes
-}
+// The portable instantiations (instantiations.hpp); the Plan admits only the listed shapes.
+RATTN_DEFINE_DIMS_DISPATCH(dispatch, RATTN_PORTABLE_HEAD_DIMS)
 
 struct FwdLauncher {
   const FwdParams& p;

@@ -88,7 +88,10 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
     zero(s);
     warp_gemm<T, MF, NF, DQK, false, false>(s, sQ, L.q_pitch, wm0, sK, L.k_pitch, 0, lane);
 
-    // Scores to the log2 domain.
+    // Scores to the log2 domain: under a soft cap by its tanh pass; otherwise inside the
+    // exponent, exp2(s * scale_log2 - max), one FFMA per score (the row maximum is taken on the
+    // unscaled scores, the factor being positive), as the Hopper forward does.
+    float to_log2 = p.scale_log2;
     if (p.softcap > 0.f) {
       const float pre = p.scale / p.softcap, post = p.softcap * kLog2e;
 #pragma unroll
@@ -97,13 +100,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
         for (int f = 0; f < NF; ++f)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mf][f][e] = fast_tanh(s[mf][f][e] * pre) * post;
-    } else {
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int f = 0; f < NF; ++f)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mf][f][e] *= p.scale_log2;
+      to_log2 = 1.f;
     }
     if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
 #pragma unroll
@@ -128,11 +125,11 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
     for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float mx = row_max[mf][half];
+        float mx = -INFINITY;
 #pragma unroll
         for (int f = 0; f < NF; ++f)
           mx = fmaxf(mx, fmaxf(s[mf][f][2 * half], s[mf][f][2 * half + 1]));
-        mx = quad_max(mx);
+        mx = fmaxf(row_max[mf][half], quad_max(mx) * to_log2);
         const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
         const float alpha = fast_exp2(row_max[mf][half] - base);
         row_max[mf][half] = mx;
@@ -141,7 +138,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
         for (int f = 0; f < NF; ++f)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pr = fast_exp2(s[mf][f][2 * half + e] - base);
+            const float pr = fast_exp2(fmaf(s[mf][f][2 * half + e], to_log2, -base));
             s[mf][f][2 * half + e] = pr;
             sum += pr;
           }

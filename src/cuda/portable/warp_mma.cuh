@@ -161,6 +161,12 @@ __device__ __forceinline__ void load_tile_async(void* smem, int pitch, const T* 
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// The same where the participating warps reach the barrier from different instructions (code
+// instantiated once per warpgroup role): `bar.sync` is `barrier.sync.aligned`, which PTX defines
+// only for every thread executing the same instruction; this form lifts that requirement.
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int count) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 // Arrives at barrier `id` without waiting (the other `count` - 32k threads sync on it).
 __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");

@@ -52,7 +52,8 @@ struct DotParams {
   int dv;
 };
 
-// One warp per row; grid (tiles, heads).
+// One warp per row, 16 bytes of O and dO per lane and load (lanes past the row's 16-byte chunks
+// idle); grid (tiles, heads).
 template <class T>
 __global__ void __launch_bounds__(kPostThreads)
     dot_do_o_kernel(const __grid_constant__ DotParams p) {
@@ -66,8 +67,13 @@ __global__ void __launch_bounds__(kPostThreads)
     const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(row, h);
     const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(row, h);
     float sum = 0.f;
-    for (int c = lane * 2; c < p.dv; c += 64) {
-      sum += to_float(o[c]) * to_float(d_o[c]) + to_float(o[c + 1]) * to_float(d_o[c + 1]);
+    for (int c = lane * 8; c < p.dv; c += 256) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+      const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -93,12 +99,13 @@ __device__ __forceinline__ void add_pair(float* acc, const E* src) {
   acc[0] += to_float(x.x);
   acc[1] += to_float(x.y);
 }
+// base: the (split, segment, head) slot's base (DqAccumLayout::at_from).
 template <class E>
 __device__ __forceinline__ void add_8(float (&acc)[8], const E* accum, const DqAccumLayout& l,
-                                      int split, int b, int32_t cu_q_b, int h, int r, int col) {
+                                      int64_t base, int r, int col) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    add_pair(acc + 2 * q, accum + l.at(split, b, cu_q_b, h, r, col + 2 * q));
+    add_pair(acc + 2 * q, accum + l.at_from(base, r, col + 2 * q));
   }
 }
 
@@ -123,17 +130,19 @@ __global__ void __launch_bounds__(kPostThreads)
   const int r0 = tc.tile * kPostRows;
   const int rows = min(kPostRows, seg.len_q - r0);
   const int chunks = p.layout.dim / 8;
+  // The slot's base once per thread (offset() divides in 64 bits), each element at_from it.
+  const int64_t base0 = p.layout.offset(0, b, seg.cu_q, h, 0);
   for (int c = threadIdx.x; c < rows * chunks; c += kPostThreads) {
     const int r = r0 + c / chunks, col = (c % chunks) * 8;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int split = 0; split < p.layout.nsplits; ++split) {
+      const int64_t base = split == 0 ? base0 : p.layout.offset(split, b, seg.cu_q, h, 0);
       if (p.layout.type == AccumType::F32) {
-        add_8(acc, static_cast<const float*>(p.accum), p.layout, split, b, seg.cu_q, h, r, col);
+        add_8(acc, static_cast<const float*>(p.accum), p.layout, base, r, col);
       } else if (p.layout.type == AccumType::BF16) {
-        add_8(acc, static_cast<const __nv_bfloat16*>(p.accum), p.layout, split, b, seg.cu_q, h, r,
-              col);
+        add_8(acc, static_cast<const __nv_bfloat16*>(p.accum), p.layout, base, r, col);
       } else {
-        add_8(acc, static_cast<const __half*>(p.accum), p.layout, split, b, seg.cu_q, h, r, col);
+        add_8(acc, static_cast<const __half*>(p.accum), p.layout, base, r, col);
       }
     }
     uint4 out;

@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   uint64_t* empty = full + STAGES;     // [STAGES]: both consumers are done with a stage
   uint64_t* dq_full = empty + STAGES;  // the consumers wrote the step's dQ tile
   uint64_t* dq_empty = dq_full + 1;    // warp 1 has read it out
+  uint64_t* partial = dq_empty + 1;    // warp 0: a partial tile's TMA boxes have landed
   constexpr int kConsumerThreads = 128 * C.consumers;
   if (tid == 0) {
     mbar_init(kv_full, 32);
@@ -105,6 +106,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     mbar_init(dq_full, kConsumerThreads);
     mbar_init(dq_empty, 1);
+    mbar_init(partial, 1);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
@@ -112,16 +114,28 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     regs_dealloc<C.producer_regs>();
     const int warp = tid / 32;
     if (warp == 0) {
-      // ---- Loads: K/V once (TMA for a whole key tile), then stage `it` into buffer it % STAGES
-      // once both consumers freed it. A Q/dO tile inside its segment comes by TMA (lane 0 issues
-      // one box per 64-column panel, completing on the stage's barrier); a segment's last, partial
-      // tile by cp.async with zero fill (rows past the segment may hold anything, NaN included, and
-      // P^T dO and dS^T Q would carry it into dV and dK). LSE and dot(dO, O) always by cp.async.
-      // Each lane waits for its own copies, makes them visible to the async proxy and arrives, so a
-      // stage's barrier completes when all 32 lanes and the TMA bytes are in.
+      // ---- Loads: K/V once, then stage `it` into buffer it % STAGES once both consumers freed
+      // it, all by TMA (lane 0 issues one box per 64-column panel). A whole tile completes on its
+      // barrier; a segment's last, partial tile on `partial`, and this warp then zeroes its rows
+      // past the segment (they may hold anything, NaN included, and P^T dO and dS^T Q would carry
+      // it into dV and dK). LSE and dot(dO, O) always by cp.async. Each lane waits for its own
+      // copies, makes them visible to the async proxy and arrives, so a stage's barrier completes
+      // when all 32 lanes and the TMA bytes are in.
       if (n_it == 0) return;
-      const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0 + n0, hk);
-      const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
+      // A partial tile comes by TMA like a whole one (rows past the tensor's end arrive as zeros,
+      // rows of the next segment or of padding as they are) onto `partial`; once it has landed,
+      // this warp zeroes rows [from, rows) of each 64-column panel of the swizzled tile (a row's
+      // 128 bytes in a panel, whatever their order) with 16-byte stores. The fence before the
+      // stage's arrival makes the stores visible to wgmma.
+      uint32_t partial_uses = 0;
+      auto zero_rows = [&](unsigned char* tile, int rows, int panels, int from) {
+        const int n = (rows - from) * panels * 8;
+        for (int i = lane; i < n; i += 32) {
+          const int chunk = i % 8, rest = i / 8, panel = rest % panels, r = from + rest / panels;
+          *reinterpret_cast<uint4*>(tile + (panel * rows + r) * kSwizzleBytes + chunk * 16) =
+              make_uint4(0u, 0u, 0u, 0u);
+        }
+      };
       if (keys == BN) {  // a whole key tile: TMA, completing on kv_full
         if (lane == 0) {
           mbar_expect_tx(kv_full, uint32_t(tile_bytes(BN, DQK) + tile_bytes(BN, DV)));
@@ -137,10 +151,26 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                         kv_full);
           }
         }
-      } else {  // a segment's last, partial key tile: zero fill past it
-        load_tile_sw128<BN, DQK, 32, 1>(smem + L.k, k, p.k_layout.token_stride, keys, lane);
-        load_tile_sw128<BN, DV, 32, 1>(smem + L.v, v, p.v_layout.token_stride, keys, lane);
-        portable::cp_async_commit();
+      } else {  // a segment's last, partial key tile: its rows past the segment zeroed
+        if (lane == 0) {
+          mbar_expect_tx(partial, uint32_t(tile_bytes(BN, DQK) + tile_bytes(BN, DV)));
+          const int row = int(seg.kv_row0 + n0);
+#pragma unroll
+          for (int panel = 0; panel < DQK / PANEL; ++panel) {
+            tma_load_3d(smem + L.k + panel * BN * kSwizzleBytes, &a.k_map, panel * PANEL, hk, row,
+                        partial);
+          }
+#pragma unroll
+          for (int panel = 0; panel < DV / PANEL; ++panel) {
+            tma_load_3d(smem + L.v + panel * BN * kSwizzleBytes, &a.v_map, panel * PANEL, hk, row,
+                        partial);
+          }
+          mbar_arrive(partial);
+        }
+        mbar_wait(partial, partial_uses++ & 1);
+        zero_rows(smem + L.k, BN, DQK / PANEL, keys);
+        zero_rows(smem + L.v, BN, DV / PANEL, keys);
+        __syncwarp();  // every lane has seen the phase before lane 0 can start the next
       }
       // Step it is query tile m_first + it % m_count of the group's head it / m_count (qt, qh:
       // counted, not divided, every step).
@@ -154,27 +184,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const int valid = seg.len_q - m0;
         unsigned char* q_dst = smem + L.q + s * L.q_stage;
         unsigned char* do_dst = smem + L.d_o + s * L.do_stage;
-        if (valid >= BM) {
-          if (lane == 0) {
-            mbar_expect_tx(&full[s], uint32_t(L.q_stage + L.do_stage));
+        // Whole tiles complete on the stage's barrier; a partial one on `partial`, after which
+        // this warp zeroes its rows past the segment before arriving on the stage's.
+        uint64_t* boxes = valid >= BM ? &full[s] : partial;
+        if (lane == 0) {
+          mbar_expect_tx(boxes, uint32_t(L.q_stage + L.do_stage));
 #pragma unroll
-            for (int panel = 0; panel < DQK / PANEL; ++panel) {
-              tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &a.q_map, panel * PANEL, h, int(row0),
-                          &full[s]);
-            }
-#pragma unroll
-            for (int panel = 0; panel < DV / PANEL; ++panel) {
-              tma_load_3d(do_dst + panel * BM * kSwizzleBytes, &a.do_map, panel * PANEL, h,
-                          int(row0), &full[s]);
-            }
+          for (int panel = 0; panel < DQK / PANEL; ++panel) {
+            tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &a.q_map, panel * PANEL, h, int(row0),
+                        boxes);
           }
-        } else {
-          load_tile_sw128<BM, DQK, 32, 1>(q_dst,
-                                          static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
-                                          p.q_layout.token_stride, valid, lane);
-          load_tile_sw128<BM, DV, 32, 1>(do_dst,
-                                         static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
-                                         p.do_layout.token_stride, valid, lane);
+#pragma unroll
+          for (int panel = 0; panel < DV / PANEL; ++panel) {
+            tma_load_3d(do_dst + panel * BM * kSwizzleBytes, &a.do_map, panel * PANEL, h,
+                        int(row0), boxes);
+          }
+          if (valid < BM) mbar_arrive(partial);
         }
         float* s_lse = reinterpret_cast<float*>(smem + L.lse + s * L.stat_stage);
         float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + s * L.stat_stage);
@@ -186,7 +211,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           portable::cp_async_4(s_dp + r, p.dpsum + (ok ? stat + r : 0), ok);
         }
         portable::cp_async_commit();
-        portable::cp_async_wait<0>();  // this lane's copies (K/V too, at it = 0) have landed
+        if (valid < BM) {
+          mbar_wait(partial, partial_uses++ & 1);
+          zero_rows(q_dst, BM, DQK / PANEL, valid);
+          zero_rows(do_dst, BM, DV / PANEL, valid);
+          __syncwarp();  // every lane has seen the phase before lane 0 can start the next
+        }
+        portable::cp_async_wait<0>();  // this lane's statistics have landed
         fence_proxy_async_smem();
         if (it == 0) mbar_arrive(kv_full);
         mbar_arrive(&full[s]);
@@ -513,28 +544,54 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       mbar_arrive(dq_full);
     }
 
-    // Epilogue: dK (times the softmax scale) and dV of this thread's keys (and, under the column
-    // split, its warpgroup's columns).
-    T* dk = static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk);
-    T* dv = static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk);
+    // Epilogue: dK (times the softmax scale) and dV of this warpgroup's keys and columns, staged
+    // in shared memory in K's and V's own tiles (no one reads them once both consumers' last
+    // products have landed: the producer loaded them once, warp 1 reads only the dQ tile), in
+    // their 128-byte-swizzled panel layout by stmatrix, then copied out 16 bytes per row chunk:
+    // whole 32-byte sectors, and a quarter of the store instructions of storing each thread's
+    // accumulator pairs directly.
+    // The two consumers meet twice below. Where their column widths differ (D = 192 / 128), each
+    // runs its own instantiation of this code and reaches the barrier from its own instruction.
+    auto consumers_meet = [&]() {
+      if constexpr (bwd_columns_symmetric(DQK, DV)) {
+        named_barrier_sync(1, kConsumerThreads);
+      } else {
+        named_barrier_sync_unaligned(1, kConsumerThreads);
+      }
+    };
+    consumers_meet();  // both consumers' last products have landed
+    auto stage = [&](const auto& acc, int col0, uint32_t base, float mul) {
+      constexpr int NF = std::extent<std::remove_reference_t<decltype(acc)>>::value;
+      static_assert(NF % 2 == 0, "fragment pairs: 16 columns per stmatrix");
+      const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row_a + 8 * half;
-      if (r < keys) {
-        T* dkrow = dk + r * p.dk_layout.token_stride + dk0 + 2 * (lane % 4);
-        T* dvrow = dv + r * p.dv_layout.token_stride + dv0 + 2 * (lane % 4);
-#pragma unroll
-        for (int f = 0; f < DKN / 8; ++f) {
-          *reinterpret_cast<uint32_t*>(dkrow + f * 8) =
-              Mma::pack(acc_dk[f][2 * half] * p.scale, acc_dk[f][2 * half + 1] * p.scale);
-        }
-#pragma unroll
-        for (int f = 0; f < DVN / 8; ++f) {
-          *reinterpret_cast<uint32_t*>(dvrow + f * 8) =
-              Mma::pack(acc_dv[f][2 * half], acc_dv[f][2 * half + 1]);
+      for (int f = 0; f < NF; f += 2) {
+        const uint32_t r[4] = {Mma::pack(acc[f][0] * mul, acc[f][1] * mul),
+                               Mma::pack(acc[f][2] * mul, acc[f][3] * mul),
+                               Mma::pack(acc[f + 1][0] * mul, acc[f + 1][1] * mul),
+                               Mma::pack(acc[f + 1][2] * mul, acc[f + 1][3] * mul)};
+        stmatrix_x4(base + swizzled_offset(BN, st_row, col0 / 8 + f + lane / 16), r);
+      }
+    };
+    stage(acc_dk, dk0, k_addr, p.scale);
+    stage(acc_dv, dv0, v_addr, 1.f);
+    consumers_meet();  // every warp's part of the tiles is in
+    // This warpgroup's 64 key rows from key0, `width` columns from col0, 16 bytes at a time;
+    // rows past the segment's keys are not written.
+    auto copy_out = [&](T* out, int64_t stride, const unsigned char* tile, int col0, int width) {
+      const int chunks = width / 8, ptid = tid % 128;
+      for (int i = ptid; i < 64 * chunks; i += 128) {
+        const int r = key0 + i / chunks, ch = i % chunks;
+        if (r < keys) {
+          *reinterpret_cast<uint4*>(out + r * stride + col0 + ch * 8) =
+              *reinterpret_cast<const uint4*>(tile + swizzled_offset(BN, r, col0 / 8 + ch));
         }
       }
-    }
+    };
+    copy_out(static_cast<T*>(p.dk) + p.dk_layout.offset(seg.kv_row0 + n0, hk),
+             p.dk_layout.token_stride, smem + L.k, dk0, DKN);
+    copy_out(static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk),
+             p.dv_layout.token_stride, smem + L.v, dv0, DVN);
   };
   using std::integral_constant;
   constexpr BwdColumns c0 = bwd_columns(DQK, DV, 0), c1 = bwd_columns(DQK, DV, 1);

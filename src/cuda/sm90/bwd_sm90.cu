@@ -7,6 +7,7 @@
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/bwd_sequence.hpp"
+#include "cuda/dispatch_dims.cuh"
 #include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
 #include "cuda/sm90/schedule.cuh"
@@ -17,45 +18,33 @@ namespace cuda {
 namespace {
 
 // One backward main launch at head dims DQK / DV, after the key tiles' order where the Plan asks
-// for one (schedule.cuh; its tiles are the kernel's, from bwd_config).
-template <class T, int DQK, int DV>
-cudaError_t launch_dims(const sm90::BwdTmaParams& a, const PlanData& d, cudaStream_t s) {
-  constexpr sm90::BwdConfig c = sm90::bwd_config(DQK, DV);
-  if (a.p.schedule != nullptr) {
-    sm90::bwd_lpt_schedule<c.block_m, c.block_n><<<1, sm90::kScheduleThreads, 0, s>>>(
-        a.p, const_cast<TileCoord*>(a.p.schedule), int(d.bwd.tiles));
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+// for one (schedule.cuh; its tiles are the kernel's, from bwd_config). The instantiations: bf16
+// and fp16 at each pair of RATTN_SM90_BWD_HEAD_DIMS.
+struct BwdLauncher {
+  const sm90::BwdTmaParams& a;
+  const PlanData& d;
+  cudaStream_t s;
+  template <class T, int DQK, int DV>
+  cudaError_t operator()() const {
+    constexpr sm90::BwdConfig c = sm90::bwd_config(DQK, DV);
+    if (a.p.schedule != nullptr) {
+      sm90::bwd_lpt_schedule<c.block_m, c.block_n><<<1, sm90::kScheduleThreads, 0, s>>>(
+          a.p, const_cast<TileCoord*>(a.p.schedule), int(d.bwd.tiles));
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+    }
+    return launch_kernel(sm90::bwd_kernel<T, DQK, DV>, d.bwd, d.problem.num_heads_kv, a, s);
   }
-  return launch_kernel(sm90::bwd_kernel<T, DQK, DV>, d.bwd, d.problem.num_heads_kv, a, s);
-}
+};
+RATTN_DEFINE_DIMS_DISPATCH(dispatch, RATTN_SM90_BWD_HEAD_DIMS)
 
-// `maps`: the kernel's parameters with the TMA maps made by sm90_backward before the launch
+// `ctx`: the kernel's parameters with the TMA maps made by sm90_backward before the launch
 // sequence (run_backward's context); the launch adds the sequence's BwdParams.
-template <class T>
-cudaError_t launch_typed(const portable::BwdParams& p, const PlanData& d,
-                         const sm90::BwdTmaParams& maps, cudaStream_t s) {
-  sm90::BwdTmaParams a = maps;
-  a.p = p;
-  // The instantiations: bf16 and fp16 at head dims 64, 128, 256 and 192/128
-  // (sm90::bwd_supports).
-  switch (d.problem.head_dim_qk) {
-    case 64:
-      return launch_dims<T, 64, 64>(a, d, s);
-    case 128:
-      return launch_dims<T, 128, 128>(a, d, s);
-    case 192:
-      return launch_dims<T, 192, 128>(a, d, s);
-    default:
-      return launch_dims<T, 256, 256>(a, d, s);
-  }
-}
-
 cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* ctx,
                    cudaStream_t s) {
-  const sm90::BwdTmaParams& maps = *static_cast<const sm90::BwdTmaParams*>(ctx);
-  return d.problem.dtype == RATTN_DTYPE_BF16 ? launch_typed<__nv_bfloat16>(p, d, maps, s)
-                                             : launch_typed<__half>(p, d, maps, s);
+  sm90::BwdTmaParams a = *static_cast<const sm90::BwdTmaParams*>(ctx);
+  a.p = p;
+  return dispatch(d.problem, BwdLauncher{a, d, s});
 }
 
 }  // namespace

@@ -106,8 +106,12 @@ inline int64_t fwd_ctas(int num_sms, int64_t work_items, int64_t max_seqlen_q) {
 }
 
 // The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
+// The (head_dim_qk, head_dim_v) pairs the Hopper forward has kernels for, bf16 and fp16 each: the
+// one list that fwd_supports and the entry point's dispatch (fwd_sm90.cu) read.
+#define RATTN_SM90_FWD_HEAD_DIMS(X) X(64, 64) X(128, 128) X(192, 128) X(256, 256)
+#define RATTN_SM90_IS_PAIR(DQK, DV) (dqk == DQK && dv == DV) ||
 RATTN_HD constexpr bool fwd_supports(int dqk, int dv) {
-  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
+  return RATTN_SM90_FWD_HEAD_DIMS(RATTN_SM90_IS_PAIR) false;
 }
 
 constexpr int kSwizzleBytes = 128;   // one panel row
@@ -154,8 +158,10 @@ static_assert(fits_register_pool(kBwd) && fits_register_pool(kBwdColumnSplit),
               "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The head dims the Hopper backward is built for.
+// Likewise for the Hopper backward (bwd_sm90.cu).
+#define RATTN_SM90_BWD_HEAD_DIMS(X) X(64, 64) X(128, 128) X(192, 128) X(256, 256)
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
-  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
+  return RATTN_SM90_BWD_HEAD_DIMS(RATTN_SM90_IS_PAIR) false;
 }
 
 // The head dims the Hopper path takes: a Hopper kernel in either direction (the other direction
@@ -205,10 +211,15 @@ struct FwdSmem {
   size_t q, k, v;  // byte offsets from the 1024-aligned base
   size_t q_stage, k_stage, v_stage;
   int q_buffers;
-  size_t bars;   // mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages]
+  size_t bars;   // mbarriers (fwd_barriers)
   size_t slots;  // the persistent kernel's work items: fetched[2], current[q_buffers]
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
+// mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages], and the
+// producer's own for a partial K/V tile's TMA boxes (it zeroes the rows past the segment after).
+RATTN_HD constexpr int fwd_barriers(int q_buffers, int stages) {
+  return 2 * q_buffers + 2 * stages + 1;
+}
 RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   const FwdConfig c = fwd_config(dqk, dv, persistent);
   FwdSmem s{};
@@ -220,7 +231,7 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   s.k = s.q + s.q_buffers * s.q_stage;
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
-  s.slots = s.bars + (2 * s.q_buffers + 2 * c.stages) * 8;
+  s.slots = s.bars + fwd_barriers(s.q_buffers, c.stages) * 8;
   s.bytes = s.slots + (2 + s.q_buffers) * 8 + kSmemAlign;
   return s;
 }
@@ -240,9 +251,10 @@ struct BwdSmem {
   size_t q_stage, do_stage, ds_stage, stat_stage;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty.
+// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty, and
+// the producer's own for a partial tile's TMA boxes (it zeroes the rows past the segment after).
 RATTN_HD constexpr int bwd_barriers(int stages) {
-  return 1 + 2 * stages + 2;
+  return 1 + 2 * stages + 2 + 1;
 }
 RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
   const BwdConfig c = bwd_config(dqk, dv);

@@ -7,7 +7,8 @@
 //                          item's loads overlapping the current one's last product and epilogue.
 //                          The Plan's choice where the longest document is short
 //                          (sm90::fwd_ctas).
-// Warp-specialized: a producer warpgroup copies Q and the K/V tiles (TMA inside a segment) into
+// Warp-specialized: a producer warpgroup copies Q and the K/V tiles (TMA; the grid kernel's Q by
+// cp.async) into
 // shared memory, a ring of K/V stages handed over with mbarriers; two consumer warpgroups of 64
 // query rows each run wgmma with register accumulators, taking turns to issue their products
 // (ping-pong: one's softmax overlaps the other's products).
@@ -46,7 +47,7 @@ using portable::FwdParams;
 // forward's workspace).
 struct FwdTmaParams {
   FwdParams p;
-  CUtensorMap q_map;                 // boxes of block_m rows (the persistent kernel's Q)
+  CUtensorMap q_map;                 // boxes of block_m rows
   CUtensorMap k_map, v_map;          // boxes of block_n rows
   int64_t work_tiles;                // the ragged tile map's index space (LaunchShape::tiles)
   int heads;                         // query heads: work items = work_tiles x heads
@@ -64,43 +65,60 @@ __device__ __forceinline__ void init_kv_ring(uint64_t* full, uint64_t* empty) {
   }
 }
 
-// The producer's copy of K/V tile rows [n0, n0 + block_n) of KV head hk (k, v: the segment's
-// first key row of that head) into stage s: inside the segment by TMA (thread 0 issues one box
-// per 64-column panel of each tensor, completing on `full`'s transaction count), a segment's
-// partial last tile by cp.async with zero fill (V rows past a segment may hold anything, NaN
-// included, and P V would carry it into O), committed. Returns whether the tile was whole (the
-// caller waits for its own cp.async copies otherwise). All 128 producer threads.
-template <class T, int DQK, int DV, bool kPersistent>
+// The producer's copy of K/V tile rows [n0, n0 + block_n) of KV head hk into stage s, by TMA
+// (thread 0 issues one box per 64-column panel of each tensor): a whole tile completes on
+// `full`'s transaction count; a segment's partial last tile on `partial`, after which the caller
+// runs fwd_zero_partial_kv (rows past the segment may hold anything, NaN included, and P V would
+// carry it into O; rows past the tensor's end arrive as zeros). Returns whether the tile was
+// whole. All 128 producer threads.
+template <int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ bool fwd_load_kv(const FwdTmaParams& args, unsigned char* smem, int s,
-                                            const Segment& seg, int hk, int n0, const T* k,
-                                            const T* v, uint64_t* full) {
+                                            const Segment& seg, int hk, int n0, uint64_t* full,
+                                            uint64_t* partial) {
   constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BN = C.block_n;
   constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
-  const int ptid = threadIdx.x;
   unsigned char* k_dst = smem + L.k + s * L.k_stage;
   unsigned char* v_dst = smem + L.v + s * L.v_stage;
   const bool whole = seg.len_kv - n0 >= BN;
-  if (whole) {
-    if (ptid == 0) {
-      mbar_expect_tx(full, uint32_t(L.k_stage + L.v_stage));
-      const int row = int(seg.kv_row0 + n0);
+  if (threadIdx.x == 0) {
+    uint64_t* boxes = whole ? full : partial;
+    mbar_expect_tx(boxes, uint32_t(L.k_stage + L.v_stage));
+    const int row = int(seg.kv_row0 + n0);
 #pragma unroll
-      for (int panel = 0; panel < DQK / 64; ++panel)
-        tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row, full);
+    for (int panel = 0; panel < DQK / 64; ++panel)
+      tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row, boxes);
 #pragma unroll
-      for (int panel = 0; panel < DV / 64; ++panel)
-        tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row, full);
-    }
-  } else {
-    const int64_t k_stride = args.p.k_layout.token_stride, v_stride = args.p.v_layout.token_stride;
-    load_tile_sw128<BN, DQK, 128>(k_dst, k + int64_t(n0) * k_stride, k_stride, seg.len_kv - n0,
-                                  ptid);
-    load_tile_sw128<BN, DV, 128>(v_dst, v + int64_t(n0) * v_stride, v_stride, seg.len_kv - n0,
-                                 ptid);
-    portable::cp_async_commit();
+    for (int panel = 0; panel < DV / 64; ++panel)
+      tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row, boxes);
+    if (!whole) mbar_arrive(partial);
   }
   return whole;
+}
+
+// After fwd_load_kv of a partial tile (its `uses`-th use of `partial`): waits for the boxes, then
+// the 128 producer threads zero rows [valid, block_n) of each 64-column panel of K and V (a row's
+// 128 bytes in a panel, whatever their swizzled order) with 16-byte stores, and meet at named
+// barrier 4 (the producer's: no thread starts the barrier's next phase before all have seen this
+// one). The caller fences (fence_proxy_async_smem) before arriving on the stage's barrier.
+template <int DQK, int DV, bool kPersistent>
+__device__ __forceinline__ void fwd_zero_partial_kv(unsigned char* smem, int s, int valid,
+                                                    uint64_t* partial, uint32_t uses) {
+  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
+  constexpr int BN = C.block_n;
+  constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
+  mbar_wait(partial, uses & 1);
+  auto zero_rows = [&](unsigned char* tile, int panels) {
+    const int n = (BN - valid) * panels * 8;
+    for (int i = threadIdx.x; i < n; i += 128) {
+      const int chunk = i % 8, rest = i / 8, panel = rest % panels, r = valid + rest / panels;
+      *reinterpret_cast<uint4*>(tile + (panel * BN + r) * kSwizzleBytes + chunk * 16) =
+          make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  zero_rows(smem + L.k + s * L.k_stage, DQK / 64);
+  zero_rows(smem + L.v + s * L.v_stage, DV / 64);
+  named_barrier_sync(4, 128);
 }
 
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
@@ -366,6 +384,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* full = q_full + 1;      // [STAGES]: a K/V tile has landed (producer arrivals)
   uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
+  uint64_t* partial = empty + STAGES;  // a partial K/V tile's boxes have landed (producer)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
@@ -374,7 +393,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int h = blockIdx.y, hk = h / p.group;
   const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
   const Segment seg = w.seg;
-  const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
+  const int m0 = w.m0, key_lo = w.key_lo, key_hi = w.key_hi;
 
   if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
     portable::write_unseen_tile<T, DV>(p, w, h, tid, kFwdThreads);
@@ -384,36 +403,39 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int n_tiles = (key_hi - 1) / BN - n_first + 1;
 
   if (tid == 0) {
-    mbar_init(q_full, 128);
+    mbar_init(q_full, 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
     init_kv_ring<DQK, DV, false>(full, empty);
+    mbar_init(partial, 1);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    // ---- Producer: Q once (cp.async), then K/V tile i into stage i % STAGES once both consumers
-    // freed it. A tile inside its segment comes by TMA (thread 0 issues one box per 64-column
-    // panel of each tensor, completing on the stage's barrier); a segment's partial last tile by
-    // cp.async with zero fill (V rows past a segment may hold anything, NaN included, and P V
-    // would carry it into O).
-    // Every thread arrives once its own copies have landed and are visible to the async proxy, so
-    // a stage's barrier completes when all 128 threads and the TMA bytes are in.
+    // ---- Producer: Q once, then K/V tile i into stage i % STAGES once both consumers freed it,
+    // all by TMA (fwd_load_kv; a segment's partial last K/V tile's rows past the segment zeroed
+    // after, fwd_zero_partial_kv). Q comes whole even past its segment's end: a query row's O
+    // depends on that row of Q only, and the rows past the segment are never written (past the
+    // tensor's end TMA fills zeros). Every thread arrives on a stage's barrier once its own
+    // writes are visible to the async proxy, so it completes when all 128 threads and the TMA
+    // bytes are in.
     regs_dealloc<C.producer_regs>();
-    const int ptid = tid;
-    const T* q = static_cast<const T*>(p.q) + p.q_layout.offset(seg.q_row0 + m0, h);
-    const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
-    const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
-    load_tile_sw128<BM, DQK, 128>(smem + L.q, q, p.q_layout.token_stride, rows, ptid);
-    portable::cp_async_commit();
+    if (tid == 0) {
+      mbar_expect_tx(q_full, uint32_t(tile_bytes(BM, DQK)));
+#pragma unroll
+      for (int panel = 0; panel < DQK / 64; ++panel)
+        tma_load_3d(smem + L.q + panel * BM * kSwizzleBytes, &args.q_map, panel * 64, h,
+                    int(seg.q_row0 + m0), q_full);
+      mbar_arrive(q_full);
+    }
+    uint32_t partial_uses = 0;
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % STAGES;
       if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
-      const bool whole = fwd_load_kv<T, DQK, DV, false>(args, smem, s, seg, hk, (n_first + i) * BN,
-                                                        k, v, &full[s]);
-      if (i == 0 || !whole) {
-        portable::cp_async_wait<0>();  // Q (i = 0) and a partial tile have landed
-        fence_proxy_async_smem();
+      const int n0 = (n_first + i) * BN;
+      const bool whole = fwd_load_kv<DQK, DV, false>(args, smem, s, seg, hk, n0, &full[s], partial);
+      if (!whole) {
+        fwd_zero_partial_kv<DQK, DV, false>(smem, s, seg.len_kv - n0, partial, partial_uses++);
       }
-      if (i == 0) mbar_arrive(q_full);
+      if (!whole) fence_proxy_async_smem();  // the zeroed rows, visible to wgmma
       mbar_arrive(&full[s]);
     }
     return;
@@ -442,6 +464,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   uint64_t* q_empty = q_full + NQ;  // [NQ]: both consumers' score products are done with it
   uint64_t* full = q_empty + NQ;    // [STAGES]: a K/V tile has landed (producer arrivals)
   uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
+  uint64_t* partial = empty + STAGES;  // a partial K/V tile's boxes have landed (producer)
   // The producer's fetched work item (two slots, alternating) and, per Q buffer, the consumers'
   // item (-1: no more work), written under that buffer's q_empty and read after its q_full.
   int64_t* fetched = reinterpret_cast<int64_t*>(smem + L.slots);  // [2]
@@ -483,23 +506,24 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       mbar_init(&q_empty[b], 128 * C.consumers);
     }
     init_kv_ring<DQK, DV, true>(full, empty);
+    mbar_init(partial, 1);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
     // ---- Producer: per work item, K/V tile i into stage g % STAGES (g counts the CTA's K/V
     // tiles over all its items) once both consumers freed it, and Q into buffer t % NQ once the
-    // consumers' last score product of item t - NQ has landed (that buffer's q_empty). A K/V tile
-    // inside its segment comes by TMA (thread 0 issues one box per 64-column panel of each tensor,
-    // completing on the stage's barrier); a segment's partial last tile by cp.async with zero fill
-    // (V rows past a segment may hold anything, NaN included, and P V would carry it into O). Every
-    // thread arrives once its own copies have landed and are visible to the async proxy, so a
-    // stage's barrier completes when all 128 threads and the TMA bytes are in. Q always comes by
+    // consumers' last score product of item t - NQ has landed (that buffer's q_empty). K/V tiles
+    // come by TMA (fwd_load_kv; a segment's partial last tile's rows past the segment zeroed
+    // after Q's boxes are issued, fwd_zero_partial_kv). Every thread arrives once its own writes
+    // are visible to the async proxy, so a stage's barrier completes when all 128 threads and the
+    // TMA bytes are in. Q always comes by
     // TMA, even past its segment's end: a query row's O depends on that row of Q only, and the rows
     // past the segment are never written (past the tensor's end TMA fills zeros).
     regs_dealloc<C.producer_regs>();
     const int ptid = tid;
     int g = 0;  // K/V tiles loaded by this CTA so far
+    uint32_t partial_uses = 0;  // partial K/V tiles so far (`partial`'s phases)
     int t = 0;  // work items handed to the consumers so far (the Q buffers' uses)
     // Before item t's Q (or its no-work mark) goes into buffer t % NQ: item t - NQ is done with it.
     auto wait_q_buffer = [&]() {
@@ -531,13 +555,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       const int h = it.h, hk = h / p.group;
       const int n_first = it.w.key_lo / BN;
       const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
-      const T* k = static_cast<const T*>(p.k) + p.k_layout.offset(seg.kv_row0, hk);
-      const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0, hk);
       for (int i = 0; i < n_tiles; ++i, ++g) {
         const int s = g % STAGES;
         if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
-        const bool whole = fwd_load_kv<T, DQK, DV, true>(args, smem, s, seg, hk, (n_first + i) * BN,
-                                                         k, v, &full[s]);
+        const int n0 = (n_first + i) * BN;
+        const bool whole = fwd_load_kv<DQK, DV, true>(args, smem, s, seg, hk, n0, &full[s], partial);
         if (i == 0 && ptid == 0) {  // Q by TMA, after the first K/V tile's copies
           wait_q_buffer();
           const int b = t % NQ;
@@ -551,8 +573,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
                         &q_full[b]);
           mbar_arrive(&q_full[b]);
         }
-        if (!whole) {
-          portable::cp_async_wait<0>();  // this thread's copies of a partial tile have landed
+        if (!whole) {  // after Q's boxes are issued: the consumers can start on them meanwhile
+          fwd_zero_partial_kv<DQK, DV, true>(smem, s, seg.len_kv - n0, partial, partial_uses++);
           fence_proxy_async_smem();
         }
         mbar_arrive(&full[s]);

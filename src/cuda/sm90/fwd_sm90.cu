@@ -5,6 +5,7 @@
 
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
+#include "cuda/dispatch_dims.cuh"
 #include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/tensor_map.hpp"
@@ -13,29 +14,22 @@ namespace raggedattn {
 namespace cuda {
 namespace {
 
-// The instantiations: bf16 and fp16 at head dims 64, 128, 192/128 and 256 (sm90::fwd_supports),
-// each as the grid kernel and the persistent kernel (the Plan's LaunchShape::item_ctas picks).
-template <class T, int DQK, int DV>
-cudaError_t launch_dims(const sm90::FwdTmaParams& a, const PlanData& d, cudaStream_t s) {
-  const int hq = d.problem.num_heads_q;
-  return d.fwd.item_ctas > 0
-             ? launch_kernel(sm90::fwd_persistent_kernel<T, DQK, DV>, d.fwd, hq, a, s)
-             : launch_kernel(sm90::fwd_kernel<T, DQK, DV>, d.fwd, hq, a, s);
-}
-
-template <class T>
-cudaError_t launch(const sm90::FwdTmaParams& a, const PlanData& d, cudaStream_t s) {
-  switch (d.problem.head_dim_qk) {
-    case 64:
-      return launch_dims<T, 64, 64>(a, d, s);
-    case 192:
-      return launch_dims<T, 192, 128>(a, d, s);
-    case 256:
-      return launch_dims<T, 256, 256>(a, d, s);
-    default:
-      return launch_dims<T, 128, 128>(a, d, s);
+// One forward launch at head dims DQK / DV: the grid kernel or the persistent kernel (the Plan's
+// LaunchShape::item_ctas picks). The instantiations: bf16 and fp16 at each pair of
+// RATTN_SM90_FWD_HEAD_DIMS.
+struct FwdLauncher {
+  const sm90::FwdTmaParams& a;
+  const PlanData& d;
+  cudaStream_t s;
+  template <class T, int DQK, int DV>
+  cudaError_t operator()() const {
+    const int hq = d.problem.num_heads_q;
+    return d.fwd.item_ctas > 0
+               ? launch_kernel(sm90::fwd_persistent_kernel<T, DQK, DV>, d.fwd, hq, a, s)
+               : launch_kernel(sm90::fwd_kernel<T, DQK, DV>, d.fwd, hq, a, s);
   }
-}
+};
+RATTN_DEFINE_DIMS_DISPATCH(dispatch, RATTN_SM90_FWD_HEAD_DIMS)
 
 }  // namespace
 
@@ -52,10 +46,8 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
   a.work_tiles = d.fwd.tiles;
   a.heads = pr.num_heads_q;
   a.work_counter = d.fwd_ws.work_counter.in<unsigned long long>(workspace);
-  if (d.fwd.item_ctas > 0) {  // the persistent kernel's Q comes by TMA
-    RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(),
-                                       pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.fwd.block_m));
-  }
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(),
+                                     pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.fwd.block_m));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, pr.dtype, t.k, d.k(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, pr.dtype, t.v, d.v(),
@@ -71,7 +63,7 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
   cudaError_t e = cudaSuccess;
   if (d.fwd.item_ctas > 0) e = cudaMemsetAsync(a.work_counter, 0, sizeof(unsigned long long), s);
   if (e == cudaSuccess) {
-    e = pr.dtype == RATTN_DTYPE_BF16 ? launch<__nv_bfloat16>(a, d, s) : launch<__half>(a, d, s);
+    e = dispatch(pr, FwdLauncher{a, d, s});
   }
   if (e == cudaSuccess) return Status::Ok();
   return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: forward (sm90): ", cudaGetErrorName(e), ": ",

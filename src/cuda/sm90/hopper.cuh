@@ -106,6 +106,7 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
 
 using portable::named_barrier_arrive;  // named barriers: warp_mma.cuh
 using portable::named_barrier_sync;
+using portable::named_barrier_sync_unaligned;
 
 // Warpgroup register reallocation: producers give registers back, consumers take them.
 template <int N>
@@ -125,31 +126,6 @@ __device__ __forceinline__ void pin(float (&d)[NF][4]) {
   for (int j = 0; j < NF; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
-}
-
-// Copies rows [0, ROWS) of a [tokens, heads, DIM] tile (head fixed) into the swizzled panel
-// layout at `smem`; rows at or past `valid` are zero-filled. Threads tid = 0 .. THREADS-1 take
-// part. UNROLL: copies per loop iteration (0: all of them; a warp that copies whole tiles alone
-// under a small register budget unrolls less).
-template <int ROWS, int DIM, int THREADS, int UNROLL = 0, class T>
-__device__ __forceinline__ void load_tile_sw128(unsigned char* smem, const T* gmem_row0,
-                                                int64_t token_stride, int valid, int tid) {
-  constexpr int kChunksPerRow = DIM / 8;
-  constexpr int kChunks = ROWS * kChunksPerRow;
-  static_assert(kChunks % THREADS == 0, "tile chunks per thread");
-  auto copy = [&](int c) {
-    const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
-    const bool ok = r < valid;
-    const T* src = ok ? gmem_row0 + r * token_stride + chunk * 8 : gmem_row0;
-    portable::cp_async_16(smem + swizzled_offset(ROWS, r, chunk), src, ok);
-  };
-  if constexpr (UNROLL == 0) {
-#pragma unroll
-    for (int c = tid; c < kChunks; c += THREADS) copy(c);
-  } else {
-#pragma unroll UNROLL
-    for (int c = tid; c < kChunks; c += THREADS) copy(c);
-  }
 }
 
 }  // namespace sm90
