@@ -88,6 +88,11 @@ struct DqAccumLayout {
     const int32_t u = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2;
     return kPanelElems * (c / 8) + 4 * u + 2 * ((r % 16) / 8) + c % 2;
   }
+  // Wgmma64: the tile row and panel column of vector u's first element, u in [0, 128): vector u
+  // of a panel is the 4 elements at 4 u, (r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1), the
+  // fragment warpgroup thread u holds of an m64n8 accumulator. dq_convert reads tiles by vector.
+  RATTN_HD static int32_t vector_row(int32_t u) { return 16 * (u / 32) + (u % 32) / 4; }
+  RATTN_HD static int32_t vector_col(int32_t u) { return 2 * (u % 4); }
   RATTN_HD int64_t elements() const {
     int64_t planes =
         static_cast<int64_t>(nsplits) * heads * (scheme == DqSlotScheme::PaddedBatch ? batch : 1);

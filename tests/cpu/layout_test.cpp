@@ -282,6 +282,9 @@ TEST(DqAccumLayout, Wgmma64IsTheAccumulatorFragmentOrder) {
   for (int dim : {64, 128, 192, 256}) {
     for (int u = 0; u < 128; ++u) {
       const int row = 16 * (u / 32) + (u % 32) / 4, col = 2 * (u % 4);
+      // The reader's inverse (dq_convert reads a tile vector by vector).
+      ASSERT_EQ(DqAccumLayout::vector_row(u), row) << "thread " << u;
+      ASSERT_EQ(DqAccumLayout::vector_col(u), col) << "thread " << u;
       const int32_t at0 = DqAccumLayout::fragment_index(row, col);
       EXPECT_EQ(at0, 4 * u);
       for (int f = 0; f < dim / 8; ++f) {

@@ -1,6 +1,6 @@
 // The backward's small kernels around the main one:
 //   dot_do_o    D[h, row] = sum_d dO * O in fp32 (the softmax-gradient row term);
-//   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::at — the
+//   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::at_from — the
 //               same function, from the same Plan object, the main kernel wrote through (in
 //               either tile order).
 // Both walk the rows of every segment with the ragged tile map (kPostRows rows per CTA).
@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "core/dq_accum_layout.hpp"
 #include "core/segments.hpp"
 #include "core/tile_map.hpp"
@@ -16,8 +18,11 @@
 namespace raggedattn {
 namespace post {
 
-constexpr int kPostRows = 32;
+// A CTA's rows: one 64-row tile of DqAccumLayout's Wgmma64 order, which dq_convert reads whole.
+constexpr int kPostRows = DqAccumLayout::kTileRows;
 constexpr int kPostThreads = 256;
+// 16-byte chunks of a row at the largest head dim (256): the loops' trip bound.
+constexpr int kMaxChunks = 32;
 
 template <class T>
 __device__ __forceinline__ float to_float(T x);
@@ -52,61 +57,80 @@ struct DotParams {
   int dv;
 };
 
-// One warp per row, 16 bytes of O and dO per lane and load (lanes past the row's 16-byte chunks
-// idle); grid (tiles, heads).
+// Each thread loads 16-byte chunks of O and dO, 4 of each before the first product; the chunks'
+// partial sums meet in shared memory and one thread per row adds them up in column order.
+// Grid (tiles, heads).
 template <class T>
 __global__ void __launch_bounds__(kPostThreads)
     dot_do_o_kernel(const __grid_constant__ DotParams p) {
+  __shared__ float part[kPostRows][kMaxChunks + 1];  // +1: conflict-free row reads
   const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const Segment seg = p.segs.get(tc.segment);
-  const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = tc.tile * kPostRows + warp; r < min((tc.tile + 1) * kPostRows, seg.len_q);
-       r += kPostThreads / 32) {
-    const int64_t row = seg.q_row0 + r;
-    const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(row, h);
-    const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(row, h);
-    float sum = 0.f;
-    for (int c = lane * 8; c < p.dv; c += 256) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c);
-      const T* oe = reinterpret_cast<const T*>(&ov);
-      const T* de = reinterpret_cast<const T*>(&dv);
+  const int h = blockIdx.y, r0 = tc.tile * kPostRows;
+  const int rows = min(kPostRows, seg.len_q - r0), chunks = p.dv / 8, n = rows * chunks;
+  const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(seg.q_row0 + r0, h);
+  const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(seg.q_row0 + r0, h);
+  // Groups of 4 chunks per thread (the whole tile at D <= 128): 8 loads in flight, then products.
+  constexpr int kGroup = 4;
+  for (int k0 = threadIdx.x; k0 < n; k0 += kGroup * kPostThreads) {
+    uint4 ov[kGroup], dv[kGroup];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
+    for (int k = 0; k < kGroup; ++k) {
+      const int i = k0 + k * kPostThreads;
+      if (i < n) {
+        const int r = i / chunks, col = (i % chunks) * 8;
+        ov[k] = *reinterpret_cast<const uint4*>(o + r * p.o_layout.token_stride + col);
+        dv[k] = *reinterpret_cast<const uint4*>(d_o + r * p.do_layout.token_stride + col);
+      }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) p.dpsum[p.stats.offset(h, row)] = sum;
+    for (int k = 0; k < kGroup; ++k) {
+      const int i = k0 + k * kPostThreads;
+      if (i < n) {
+        const T* oe = reinterpret_cast<const T*>(&ov[k]);
+        const T* de = reinterpret_cast<const T*>(&dv[k]);
+        float sum = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
+        part[i / chunks][i % chunks] = sum;
+      }
+    }
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < rows) {
+    float sum = 0.f;
+    for (int c = 0; c < chunks; ++c) sum += part[threadIdx.x][c];
+    p.dpsum[p.stats.offset(h, seg.q_row0 + r0 + threadIdx.x)] = sum;
   }
 }
 
-// acc[2q], acc[2q + 1] += the pair of columns (col + 2q, col + 2q + 1) of row r, for q < 4: in
-// either tile order of DqAccumLayout a pair is two adjacent elements (8 bytes in fp32, 4 in 16
-// bits), and in row order the four pairs are adjacent too.
-__device__ __forceinline__ void add_pair(float* acc, const float* src) {
-  const float2 x = *reinterpret_cast<const float2*>(src);
-  acc[0] += x.x;
-  acc[1] += x.y;
-}
-template <class E>
-struct alignas(2 * sizeof(E)) Pair {
-  E x, y;
-};
-template <class E>
-__device__ __forceinline__ void add_pair(float* acc, const E* src) {
-  const Pair<E> x = *reinterpret_cast<const Pair<E>*>(src);
-  acc[0] += to_float(x.x);
-  acc[1] += to_float(x.y);
-}
-// base: the (split, segment, head) slot's base (DqAccumLayout::at_from).
-template <class E>
-__device__ __forceinline__ void add_8(float (&acc)[8], const E* accum, const DqAccumLayout& l,
-                                      int64_t base, int r, int col) {
+// Adds N consecutive scratch elements (16- or 8-byte aligned) into acc.
+template <int N>
+__device__ __forceinline__ void add_run(float* acc, const float* src) {
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    add_pair(acc + 2 * q, accum + l.at_from(base, r, col + 2 * q));
+  for (int q = 0; q < N / 4; ++q) {
+    const float4 x = reinterpret_cast<const float4*>(src)[q];
+    acc[4 * q] += x.x;
+    acc[4 * q + 1] += x.y;
+    acc[4 * q + 2] += x.z;
+    acc[4 * q + 3] += x.w;
   }
+}
+template <int N, class E>
+__device__ __forceinline__ void add_run(float* acc, const E* src) {
+  using Vec = std::conditional_t<N == 8, uint4, uint2>;
+  static_assert(N * sizeof(E) == sizeof(Vec), "one vector load");
+  const Vec x = *reinterpret_cast<const Vec*>(src);
+  const E* e = reinterpret_cast<const E*>(&x);
+#pragma unroll
+  for (int q = 0; q < N; ++q) acc[q] += to_float(e[q]);
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  const T x[2] = {from_float<T>(a), from_float<T>(b)};
+  return *reinterpret_cast<const uint32_t*>(x);
 }
 
 struct ConvertParams {
@@ -119,38 +143,91 @@ struct ConvertParams {
   float scale;
 };
 
-// 8 columns (16 output bytes) per thread; grid (tiles, heads).
+// dQ of one 64-row tile and head. Every element is read at DqAccumLayout::at_from of its slot's
+// base, as the main kernel wrote it: in Wgmma64 order the tile is contiguous and the thread reads
+// it vector by vector (vector v at 4 v: rows vector_row, + 8 and columns vector_col, + 1 of panel
+// v / 128), whole 16-byte loads in fp32, and stores each row's pair; in Rows order, 8 columns of a
+// row per load. Grid (tiles, heads).
+template <class T, class E>
+__device__ __forceinline__ void convert_tile(const ConvertParams& p, int b, const Segment& seg,
+                                             int h, int r0, int rows) {
+  const DqAccumLayout& l = p.layout;
+  const E* accum = static_cast<const E*>(p.accum);
+  T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, h);
+  const int64_t stride = p.dq_layout.token_stride;
+  // Groups of loads (8 vectors, or 4 row chunks: 128 bytes of fp32 per thread) issued before the
+  // first store; at D = 128 a thread's whole share of the tile is one group.
+  if (l.order == DqTileOrder::Wgmma64) {
+    constexpr int kGroup = 8;
+    const int n = kPostRows * l.dim / 4;  // vectors of the tile
+    for (int v0 = threadIdx.x; v0 < n; v0 += kGroup * kPostThreads) {
+      float acc[kGroup][4] = {};
+      for (int split = 0; split < l.nsplits; ++split) {
+        const int64_t tile = l.at_from(l.offset(split, b, seg.cu_q, h, 0), r0, 0);
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int v = v0 + k * kPostThreads;
+          if (v < n) add_run<4>(acc[k], accum + tile + 4 * v);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const int v = v0 + k * kPostThreads;
+        const int u = v % 128, r = DqAccumLayout::vector_row(u);
+        const int c = 8 * (v / 128) + DqAccumLayout::vector_col(u);
+        if (v < n && r < rows) {
+          *reinterpret_cast<uint32_t*>(dq + r * stride + c) =
+              pack2<T>(acc[k][0] * p.scale, acc[k][1] * p.scale);
+        }
+        if (v < n && r + 8 < rows) {
+          *reinterpret_cast<uint32_t*>(dq + (r + 8) * stride + c) =
+              pack2<T>(acc[k][2] * p.scale, acc[k][3] * p.scale);
+        }
+      }
+    }
+  } else {
+    constexpr int kGroup = 4;
+    const int chunks = l.dim / 8, n = rows * chunks;
+    for (int i0 = threadIdx.x; i0 < n; i0 += kGroup * kPostThreads) {
+      float acc[kGroup][8] = {};
+      for (int split = 0; split < l.nsplits; ++split) {
+        const int64_t base = l.offset(split, b, seg.cu_q, h, 0);
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int i = i0 + k * kPostThreads;
+          if (i < n) {
+            add_run<8>(acc[k], accum + l.at_from(base, r0 + i / chunks, (i % chunks) * 8));
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const int i = i0 + k * kPostThreads;
+        if (i < n) {
+          uint4 out;
+          T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[k][e] * p.scale);
+          *reinterpret_cast<uint4*>(dq + (i / chunks) * stride + (i % chunks) * 8) = out;
+        }
+      }
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kPostThreads)
     dq_convert_kernel(const __grid_constant__ ConvertParams p) {
   const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
-  const int b = tc.segment, h = blockIdx.y;
-  const Segment seg = p.segs.get(b);
-  const int r0 = tc.tile * kPostRows;
-  const int rows = min(kPostRows, seg.len_q - r0);
-  const int chunks = p.layout.dim / 8;
-  // The slot's base once per thread (offset() divides in 64 bits), each element at_from it.
-  const int64_t base0 = p.layout.offset(0, b, seg.cu_q, h, 0);
-  for (int c = threadIdx.x; c < rows * chunks; c += kPostThreads) {
-    const int r = r0 + c / chunks, col = (c % chunks) * 8;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int split = 0; split < p.layout.nsplits; ++split) {
-      const int64_t base = split == 0 ? base0 : p.layout.offset(split, b, seg.cu_q, h, 0);
-      if (p.layout.type == AccumType::F32) {
-        add_8(acc, static_cast<const float*>(p.accum), p.layout, base, r, col);
-      } else if (p.layout.type == AccumType::BF16) {
-        add_8(acc, static_cast<const __nv_bfloat16*>(p.accum), p.layout, base, r, col);
-      } else {
-        add_8(acc, static_cast<const __half*>(p.accum), p.layout, base, r, col);
-      }
-    }
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[e] * p.scale);
-    *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r, h) + col) =
-        out;
+  const Segment seg = p.segs.get(tc.segment);
+  const int r0 = tc.tile * kPostRows, rows = min(kPostRows, seg.len_q - r0);
+  if (p.layout.type == AccumType::F32) {
+    convert_tile<T, float>(p, tc.segment, seg, blockIdx.y, r0, rows);
+  } else if (p.layout.type == AccumType::BF16) {
+    convert_tile<T, __nv_bfloat16>(p, tc.segment, seg, blockIdx.y, r0, rows);
+  } else {
+    convert_tile<T, __half>(p, tc.segment, seg, blockIdx.y, r0, rows);
   }
 }
 
