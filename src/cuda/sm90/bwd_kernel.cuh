@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         int32_t* lock = nullptr;
         int expected = 0;
         if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
-          expected = tc.tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
+          expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
           lock = p.locks +
                  (RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile) * p.heads_q + h;
           while (atomicAdd(lock, 0) != expected) __nanosleep(64);
