@@ -50,6 +50,31 @@ def run_ours(cli, lens, causal, variant_args, repeat, env=None):
             "path": res.get("path", "")}
 
 
+def combine_runs(runs):
+    """One result from several processes' runs of the same variant: the median of each direction's
+    time (a process's own median of --repeat calls each). The first error wins; the per-process
+    times stay in the result (fwd_ms_runs, bwd_ms_runs)."""
+    for r in runs:
+        if "error" in r:
+            return r
+    if len(runs) == 1:
+        return runs[0]
+
+    def median(xs):
+        xs = sorted(xs)
+        mid = len(xs) // 2
+        return xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+
+    out = dict(runs[0])
+    for d in ("fwd", "bwd"):
+        times = [r[f"{d}_ms"] for r in runs]
+        out[f"{d}_ms"] = median(times)
+        out[f"{d}_ms_runs"] = times
+        # TFLOP/s scale as 1 / time: the same FLOPs over the combined time.
+        out[f"{d}_tflops"] = runs[0][f"{d}_tflops"] * runs[0][f"{d}_ms"] / out[f"{d}_ms"]
+    return out
+
+
 def run_anchor(script, timeout):
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, OUT=tmp, PYTHONUNBUFFERED="1")
@@ -69,6 +94,10 @@ def main():
     ap.add_argument("--anchors", help="folder with anchors_torch.py and anchors_jax.py")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run each of our variants in this many processes (every build and "
+                         "variant once per round, rounds one after the other) and report the "
+                         "median time: one process's number can sit in one of two modes")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
@@ -77,6 +106,9 @@ def main():
                          "build of libraggedattn.so, e.g. a branch's), named <variant>_<TAG>; "
                          "repeatable")
     args = ap.parse_args()
+    if args.processes < 1 or args.repeat < 1:
+        ap.error(f"--processes and --repeat take a count >= 1; given {args.processes} and "
+                 f"{args.repeat}")
     os.makedirs(args.out, exist_ok=True)
 
     names = args.workloads.split(",")
@@ -111,13 +143,15 @@ def main():
         pass
     for name in names:
         lens, causal = WORKLOADS[name]
-        row = {}
-        for tag, env in builds:
-            for impl, extra in variants.items():
-                key = impl + (f"_{tag}" if tag else "")
-                row[key] = run_ours(args.cli, lens, causal, extra, args.repeat, env)
-                print(name, key, json.dumps(row[key]), flush=True)
-        report["workloads"][name] = row
+        runs = {}
+        for _ in range(args.processes):
+            for tag, env in builds:
+                for impl, extra in variants.items():
+                    key = impl + (f"_{tag}" if tag else "")
+                    r = run_ours(args.cli, lens, causal, extra, args.repeat, env)
+                    runs.setdefault(key, []).append(r)
+                    print(name, key, json.dumps(r), flush=True)
+        report["workloads"][name] = {key: combine_runs(rs) for key, rs in runs.items()}
 
     if not args.no_anchors and args.anchors:
         for script in ("anchors_torch.py", "anchors_jax.py"):

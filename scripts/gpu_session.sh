@@ -12,7 +12,8 @@
 # examples/train_packed with every run, the corruption experiment included. `ab` needs
 # AB_LIBS="TAG=DIR ...": other builds of libraggedattn.so (a branch's, staged with
 # `scripts/stage_build.sh BUILD DEST --lib-only`, or several with scripts/stage_branches.sh); it runs the Hopper and determinism suites on
-# each, then one benchmark of this build and every other one side by side.
+# each, then one benchmark of this build and every other one side by side (AB_PROCESSES=N: each in
+# N processes, the median reported; bench/run.py --processes).
 # Each step's log goes to OUT_DIR/<step>.txt.
 set -u
 # Restores files staged with `stage_build.sh --xz` (Python's lzma: no xz binary needed there),
@@ -112,7 +113,8 @@ for s in $steps; do
         libs="$libs --lib $tag=$dir"
       done
       step bench_ab 400 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors \
-        --variants raggedattn,raggedattn_sm90 --repeat 10 $libs --out "$out/ab" ;;
+        --variants raggedattn,raggedattn_sm90 --repeat 10 --processes "${AB_PROCESSES:-1}" $libs \
+        --out "$out/ab" ;;
     train)
       step train 540 python3 "$repo/examples/train_packed/train.py" --device cuda \
         --runs reference,raggedattn,raggedattn_dq_bf16,raggedattn_deterministic,raggedattn_dq_corrupt --out "$out/train" ;;

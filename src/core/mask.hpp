@@ -11,6 +11,11 @@
 
 namespace raggedattn {
 
+// Tiles [first, first + count) of a segment.
+struct TileSpan {
+  int first = 0, count = 0;
+};
+
 struct MaskSpec {
   int32_t left = -1;   // -1: unbounded
   int32_t right = -1;  // -1: unbounded; 0: causal
@@ -35,6 +40,23 @@ struct MaskSpec {
   RATTN_HD int query_end(int64_t j, int len_q, int len_kv) const {
     if (left < 0) return len_q;
     return static_cast<int>(clamp64(j - diag_shift(len_q, len_kv) + left + 1, 0, len_q));
+  }
+  // The backward's steps for keys [n0, n0 + keys) (one key tile): the query tiles of `bm` rows
+  // that hold a row seeing any of those keys (count 0 where none does).
+  RATTN_HD TileSpan query_tiles(int n0, int keys, int bm, int len_q, int len_kv) const {
+    const int q_lo = query_begin(n0, len_q, len_kv);
+    const int q_hi = query_end(n0 + keys - 1, len_q, len_kv);
+    TileSpan t;
+    t.first = q_lo / bm;
+    t.count = q_lo < q_hi ? (q_hi - 1) / bm - t.first + 1 : 0;
+    return t;
+  }
+  // The backward's deterministic order on the query tile of `bm` rows from row m0: the key tiles
+  // of `bn` keys whose query_tiles hold it are key_begin(m0) / bn, + 1, ... (one run, no gap), and
+  // key tile n adds its dQ at turn n - key_begin(m0) / bn. Every kernel's turn comes from here;
+  // a CPU test checks the run over masks and lengths (a gap would leave a turn never taken).
+  RATTN_HD int key_tile_turn(int key_tile, int64_t m0, int bn, int len_q, int len_kv) const {
+    return key_tile - key_begin(m0, len_q, len_kv) / bn;
   }
   RATTN_HD bool visible(int64_t i, int64_t j, int len_q, int len_kv) const {
     return j >= key_begin(i, len_q, len_kv) && j < key_end(i, len_q, len_kv);

@@ -29,10 +29,9 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p, const T
   w.seg = p.segs.get(tc.segment);
   w.n0 = tc.tile * BN;
   w.keys = min(BN, w.seg.len_kv - w.n0);
-  const int q_lo = p.mask.query_begin(w.n0, w.seg.len_q, w.seg.len_kv);
-  const int q_hi = p.mask.query_end(w.n0 + w.keys - 1, w.seg.len_q, w.seg.len_kv);
-  w.m_first = q_lo / BM;
-  w.m_count = q_lo < q_hi ? (q_hi - 1) / BM - w.m_first + 1 : 0;
+  const TileSpan q = p.mask.query_tiles(w.n0, w.keys, BM, w.seg.len_q, w.seg.len_kv);
+  w.m_first = q.first;
+  w.m_count = q.count;
   w.steps = w.m_count * p.group;
   return w;
 }
@@ -151,7 +150,7 @@ __device__ __forceinline__ DqTileTurn dq_tile_turn(const BwdParams& p, int key_t
                                                    const Segment& seg, int h, int m_tile) {
   if (p.locks == nullptr) return {nullptr, 0};
   const int m0 = m_tile * BM;
-  const int expected = key_tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
+  const int expected = p.mask.key_tile_turn(key_tile, m0, BN, seg.len_q, seg.len_kv);
   const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
   return {p.locks + q_tile * p.heads_q + h, expected};
 }

@@ -240,9 +240,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
 
     int32_t* lock = nullptr;
     if (ordered) {
-      // The key tiles that add into this query tile form one contiguous range starting at the
-      // tile of the first key its first row sees; add in that order, so every run sums alike.
-      const int expected = tc.tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
+      // The key tiles that add into this query tile take turns (MaskSpec::key_tile_turn), so
+      // every run sums alike.
+      const int expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
       const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
       lock = p.locks + q_tile * p.heads_q + h;
       if (tid == 0) {

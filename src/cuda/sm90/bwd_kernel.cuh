@@ -136,35 +136,26 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
               make_uint4(0u, 0u, 0u, 0u);
         }
       };
-      if (keys == BN) {  // a whole key tile: TMA, completing on kv_full
-        if (lane == 0) {
-          mbar_expect_tx(kv_full, uint32_t(tile_bytes(BN, DQK) + tile_bytes(BN, DV)));
-          const int row = int(seg.kv_row0 + n0);
+      // Lane 0: K's and V's boxes of this key tile, completing on `bar`.
+      auto issue_kv = [&](uint64_t* bar) {
+        mbar_expect_tx(bar, uint32_t(tile_bytes(BN, DQK) + tile_bytes(BN, DV)));
+        const int row = int(seg.kv_row0 + n0);
 #pragma unroll
-          for (int panel = 0; panel < DQK / PANEL; ++panel) {
-            tma_load_3d(smem + L.k + panel * BN * kSwizzleBytes, &a.k_map, panel * PANEL, hk, row,
-                        kv_full);
-          }
-#pragma unroll
-          for (int panel = 0; panel < DV / PANEL; ++panel) {
-            tma_load_3d(smem + L.v + panel * BN * kSwizzleBytes, &a.v_map, panel * PANEL, hk, row,
-                        kv_full);
-          }
+        for (int panel = 0; panel < DQK / PANEL; ++panel) {
+          tma_load_3d(smem + L.k + panel * BN * kSwizzleBytes, &a.k_map, panel * PANEL, hk, row,
+                      bar);
         }
+#pragma unroll
+        for (int panel = 0; panel < DV / PANEL; ++panel) {
+          tma_load_3d(smem + L.v + panel * BN * kSwizzleBytes, &a.v_map, panel * PANEL, hk, row,
+                      bar);
+        }
+      };
+      if (keys == BN) {  // a whole key tile: TMA, completing on kv_full
+        if (lane == 0) issue_kv(kv_full);
       } else {  // a segment's last, partial key tile: its rows past the segment zeroed
         if (lane == 0) {
-          mbar_expect_tx(partial, uint32_t(tile_bytes(BN, DQK) + tile_bytes(BN, DV)));
-          const int row = int(seg.kv_row0 + n0);
-#pragma unroll
-          for (int panel = 0; panel < DQK / PANEL; ++panel) {
-            tma_load_3d(smem + L.k + panel * BN * kSwizzleBytes, &a.k_map, panel * PANEL, hk, row,
-                        partial);
-          }
-#pragma unroll
-          for (int panel = 0; panel < DV / PANEL; ++panel) {
-            tma_load_3d(smem + L.v + panel * BN * kSwizzleBytes, &a.v_map, panel * PANEL, hk, row,
-                        partial);
-          }
+          issue_kv(partial);
           mbar_arrive(partial);
         }
         mbar_wait(partial, partial_uses++ & 1);
@@ -232,7 +223,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         int32_t* lock = nullptr;
         int expected = 0;
         if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
-          expected = tc.tile - p.mask.key_begin(m0, seg.len_q, seg.len_kv) / BN;
+          expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
           lock = p.locks +
                  (RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile) * p.heads_q + h;
           while (atomicAdd(lock, 0) != expected) __nanosleep(64);

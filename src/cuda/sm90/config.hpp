@@ -105,7 +105,6 @@ inline int64_t fwd_ctas(int num_sms, int64_t work_items, int64_t max_seqlen_q) {
   return num_sms < work_items ? int64_t(num_sms) : work_items;
 }
 
-// The head dims the Hopper forward is built for (one instantiation each, bf16 and fp16).
 // The (head_dim_qk, head_dim_v) pairs the Hopper forward has kernels for, bf16 and fp16 each: the
 // one list that fwd_supports and the entry point's dispatch (fwd_sm90.cu) read.
 #define RATTN_SM90_FWD_HEAD_DIMS(X) X(64, 64) X(128, 128) X(192, 128) X(256, 256)
@@ -157,8 +156,7 @@ static_assert(kBwdColumnSplit.block_n == 64 && kBwdColumnSplit.consumers == 2,
 static_assert(fits_register_pool(kBwd) && fits_register_pool(kBwdColumnSplit),
               "the warpgroups' registers after reallocation exceed the CTA's pool");
 
-// The head dims the Hopper backward is built for.
-// Likewise for the Hopper backward (bwd_sm90.cu).
+// The pairs the Hopper backward has kernels for, likewise (bwd_sm90.cu).
 #define RATTN_SM90_BWD_HEAD_DIMS(X) X(64, 64) X(128, 128) X(192, 128) X(256, 256)
 RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
   return RATTN_SM90_BWD_HEAD_DIMS(RATTN_SM90_IS_PAIR) false;

@@ -7,11 +7,11 @@
 //                          item's loads overlapping the current one's last product and epilogue.
 //                          The Plan's choice where the longest document is short
 //                          (sm90::fwd_ctas).
-// Warp-specialized: a producer warpgroup copies Q and the K/V tiles (TMA; the grid kernel's Q by
-// cp.async) into
-// shared memory, a ring of K/V stages handed over with mbarriers; two consumer warpgroups of 64
-// query rows each run wgmma with register accumulators, taking turns to issue their products
-// (ping-pong: one's softmax overlaps the other's products).
+// Warp-specialized: a producer warpgroup copies Q and the K/V tiles into shared memory by TMA (a
+// segment's partial last K/V tile too, its rows past the segment zeroed after), a ring of K/V
+// stages handed over with mbarriers; two consumer warpgroups of 64 query rows each run wgmma with
+// register accumulators, taking turns to issue their products (ping-pong: one's softmax overlaps
+// the other's products).
 //
 // The tiles and stages per head dims are config.hpp's fwd_config (D = 64, 128, 256, 192/128).
 // Per key tile n (128 keys at D = 128), in a consumer:

@@ -1,0 +1,39 @@
+"""bench/run.py's combination of several processes' runs of one variant (--processes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import run  # noqa: E402
+
+
+def _result(fwd_ms: float, bwd_ms: float) -> dict:
+    flops_fwd, flops_bwd = 1.0e12, 2.5e12  # any fixed work: TFLOP/s = FLOPs / time
+    return {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "fwd_tflops": flops_fwd / fwd_ms / 1e9,
+            "bwd_tflops": flops_bwd / bwd_ms / 1e9, "path": "p"}
+
+
+def test_median_time_and_its_rate():
+    runs = [_result(2.0, 8.2), _result(1.0, 7.6), _result(4.0, 8.0)]
+    r = run.combine_runs(runs)
+    assert (r["fwd_ms"], r["bwd_ms"]) == (2.0, 8.0)
+    assert r["fwd_tflops"] == pytest.approx(1.0e12 / 2.0 / 1e9)
+    assert r["bwd_tflops"] == pytest.approx(2.5e12 / 8.0 / 1e9)
+    assert r["fwd_ms_runs"] == [2.0, 1.0, 4.0] and r["bwd_ms_runs"] == [8.2, 7.6, 8.0]
+
+
+def test_even_count_averages_the_middle_two():
+    r = run.combine_runs([_result(1.0, 7.0), _result(3.0, 9.0)])
+    assert (r["fwd_ms"], r["bwd_ms"]) == (2.0, 8.0)
+    assert r["bwd_tflops"] == pytest.approx(2.5e12 / 8.0 / 1e9)
+
+
+def test_one_run_is_itself_and_an_error_wins():
+    one = _result(1.5, 6.0)
+    assert run.combine_runs([one]) == one
+    err = {"error": "make_plan: ..."}
+    assert run.combine_runs([one, err, one]) == err
