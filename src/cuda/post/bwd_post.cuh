@@ -146,11 +146,11 @@ struct ConvertParams {
 // dQ of one 64-row tile and head. Every element is read at DqAccumLayout::at_from of its slot's
 // base, as the main kernel wrote it: in Wgmma64 order the tile is contiguous and the thread reads
 // it vector by vector (vector v at 4 v: rows vector_row, + 8 and columns vector_col, + 1 of panel
-// v / 128), whole 16-byte loads in fp32, and stores each row's pair; in Rows order, 8 columns of a
-// row per load. Grid (tiles, heads).
+// v / 128), whole 16-byte loads in fp32, and the tile goes out through shared memory in 16-byte
+// row chunks; in Rows order, 8 columns of a row per load and store. Grid (tiles, heads).
 template <class T, class E>
 __device__ __forceinline__ void convert_tile(const ConvertParams& p, int b, const Segment& seg,
-                                             int h, int r0, int rows) {
+                                             int h, int r0, int rows, uint32_t* staged) {
   const DqAccumLayout& l = p.layout;
   const E* accum = static_cast<const E*>(p.accum);
   T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, h);
@@ -158,6 +158,10 @@ __device__ __forceinline__ void convert_tile(const ConvertParams& p, int b, cons
   // Groups of loads (8 vectors, or 4 row chunks: 128 bytes of fp32 per thread) issued before the
   // first store; at D = 128 a thread's whole share of the tile is one group.
   if (l.order == DqTileOrder::Wgmma64) {
+    // The converted tile in row order in shared memory (each vector's two pairs land in two rows),
+    // then stored 16 bytes per row chunk. Row pitch: dim / 2 words + 4, so a warp's pair writes
+    // (8 rows x 4 columns of a panel) hit 32 banks and every row stays 16-byte aligned.
+    const int pitch = l.dim / 2 + 4;
     constexpr int kGroup = 8;
     const int n = kPostRows * l.dim / 4;  // vectors of the tile
     for (int v0 = threadIdx.x; v0 < n; v0 += kGroup * kPostThreads) {
@@ -175,15 +179,18 @@ __device__ __forceinline__ void convert_tile(const ConvertParams& p, int b, cons
         const int v = v0 + k * kPostThreads;
         const int u = v % 128, r = DqAccumLayout::vector_row(u);
         const int c = 8 * (v / 128) + DqAccumLayout::vector_col(u);
-        if (v < n && r < rows) {
-          *reinterpret_cast<uint32_t*>(dq + r * stride + c) =
-              pack2<T>(acc[k][0] * p.scale, acc[k][1] * p.scale);
-        }
-        if (v < n && r + 8 < rows) {
-          *reinterpret_cast<uint32_t*>(dq + (r + 8) * stride + c) =
-              pack2<T>(acc[k][2] * p.scale, acc[k][3] * p.scale);
+        if (v < n) {
+          staged[r * pitch + c / 2] = pack2<T>(acc[k][0] * p.scale, acc[k][1] * p.scale);
+          staged[(r + 8) * pitch + c / 2] = pack2<T>(acc[k][2] * p.scale, acc[k][3] * p.scale);
         }
       }
+    }
+    __syncthreads();
+    const int chunks = l.dim / 8;
+    for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
+      const int r = i / chunks, ch = i % chunks;
+      *reinterpret_cast<uint4*>(dq + r * stride + ch * 8) =
+          *reinterpret_cast<const uint4*>(staged + r * pitch + ch * 4);
     }
   } else {
     constexpr int kGroup = 4;
@@ -222,12 +229,14 @@ __global__ void __launch_bounds__(kPostThreads)
   if (tc.segment < 0) return;
   const Segment seg = p.segs.get(tc.segment);
   const int r0 = tc.tile * kPostRows, rows = min(kPostRows, seg.len_q - r0);
+  // Wgmma64's staged tile: 64 rows of up to 8 * kMaxChunks 16-bit columns, pitch + 4 words.
+  __shared__ __align__(16) uint32_t staged[kPostRows * (kMaxChunks * 4 + 4)];
   if (p.layout.type == AccumType::F32) {
-    convert_tile<T, float>(p, tc.segment, seg, blockIdx.y, r0, rows);
+    convert_tile<T, float>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
   } else if (p.layout.type == AccumType::BF16) {
-    convert_tile<T, __nv_bfloat16>(p, tc.segment, seg, blockIdx.y, r0, rows);
+    convert_tile<T, __nv_bfloat16>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
   } else {
-    convert_tile<T, __half>(p, tc.segment, seg, blockIdx.y, r0, rows);
+    convert_tile<T, __half>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
   }
 }
 
