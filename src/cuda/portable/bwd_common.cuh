@@ -1,8 +1,8 @@
-// Device pieces of the backward main kernels: the work of one key tile (both kernels); the dQ
-// scratch additions through the Plan's DqAccumLayout (the portable kernel; the Hopper kernel
-// copies whole tiles out); and, for the Hopper kernel, the score-gradient pieces, the mask of one
-// key row and the deterministic mode's turn-taking per dQ tile. The portable kernel keeps that
-// math and protocol written inline in its loop: expressed through these helpers it compiled to a
+// Device pieces of the backward main kernels: for both, the work of one key tile and the
+// deterministic mode's lock per dQ tile; the dQ scratch additions through the Plan's
+// DqAccumLayout (the portable kernel; the Hopper kernel copies whole tiles out); for the Hopper
+// kernel, the score-gradient pieces and the mask of one key row. The portable kernel keeps that
+// math and the turn-taking written inline in its loop: expressed through helpers it compiled to a
 // backward 10% slower on the H200 (docs/PERFORMANCE.md, 2026-11-30).
 #pragma once
 
@@ -123,36 +123,14 @@ __device__ __forceinline__ void add_dq_fragments(Elem* dst, const float (&dq)[NF
   }
 }
 
-// Deterministic mode: the key tiles that add into one dQ tile (BM query rows of one head) form
-// one contiguous range starting at the tile of the first key its first row sees; they add in that
-// order, so every run sums alike. The whole CTA takes part in wait() and pass() (CTA barriers).
-// Without locks (atomic mode) both are no-ops.
-struct DqTileTurn {
-  int32_t* lock;
-  int expected;
-  __device__ __forceinline__ void wait(int tid) const {
-    if (!lock) return;
-    if (tid == 0) {
-      while (atomicAdd(lock, 0) != expected) __nanosleep(64);
-      __threadfence();
-    }
-    __syncthreads();
-  }
-  __device__ __forceinline__ void pass(int tid) const {
-    if (!lock) return;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) atomicAdd(lock, 1);
-  }
-};
-template <int BM, int BN>
-__device__ __forceinline__ DqTileTurn dq_tile_turn(const BwdParams& p, int key_tile, int b,
-                                                   const Segment& seg, int h, int m_tile) {
-  if (p.locks == nullptr) return {nullptr, 0};
-  const int m0 = m_tile * BM;
-  const int expected = p.mask.key_tile_turn(key_tile, m0, BN, seg.len_q, seg.len_kv);
-  const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
-  return {p.locks + q_tile * p.heads_q + h, expected};
+// Deterministic mode: the lock of the dQ tile of BM query rows from query tile m_tile of segment b,
+// head h, where the key tiles that add into it take their turns (MaskSpec::key_tile_turn). One
+// int32 per (query tile of the ragged map, query head): plan_bwd_workspace sizes
+// BwdWorkspace::locks from the same tile count.
+template <int BM>
+__device__ __forceinline__ int32_t* dq_tile_lock(const BwdParams& p, int b, const Segment& seg,
+                                                 int h, int m_tile) {
+  return p.locks + (RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile) * p.heads_q + h;
 }
 
 }  // namespace portable

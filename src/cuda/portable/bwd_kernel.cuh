@@ -243,8 +243,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       // The key tiles that add into this query tile take turns (MaskSpec::key_tile_turn), so
       // every run sums alike.
       const int expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
-      const int64_t q_tile = RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile;
-      lock = p.locks + q_tile * p.heads_q + h;
+      lock = dq_tile_lock<BM>(p, b, seg, h, m_tile);
       if (tid == 0) {
         while (atomicAdd(lock, 0) != expected) __nanosleep(64);
         __threadfence();

@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           }
 #pragma unroll
           for (int panel = 0; panel < DV / PANEL; ++panel) {
-            tma_load_3d(do_dst + panel * BM * kSwizzleBytes, &a.do_map, panel * PANEL, h,
-                        int(row0), boxes);
+            tma_load_3d(do_dst + panel * BM * kSwizzleBytes, &a.do_map, panel * PANEL, h, int(row0),
+                        boxes);
           }
           if (valid < BM) mbar_arrive(partial);
         }
@@ -224,8 +224,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         int expected = 0;
         if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
           expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
-          lock = p.locks +
-                 (RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile) * p.heads_q + h;
+          lock = portable::dq_tile_lock<BM>(p, b, seg, h, m_tile);
           while (atomicAdd(lock, 0) != expected) __nanosleep(64);
           __threadfence();
         }
