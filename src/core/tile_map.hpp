@@ -20,8 +20,11 @@ struct RaggedTiles {
   int32_t tile_rows;
   int32_t batch;
 
+  // floor((cu_b + b * tile) / tile) == b + floor(cu_b / tile) for cu_b >= 0: one 32-bit division
+  // (a 64-bit one costs a kernel's binary search a software division per step).
   RATTN_HD int64_t first(int b, int32_t cu_b) const {
-    return (static_cast<int64_t>(cu_b) + static_cast<int64_t>(b) * tile_rows) / tile_rows;
+    return static_cast<int64_t>(b) +
+           static_cast<int64_t>(static_cast<uint32_t>(cu_b) / static_cast<uint32_t>(tile_rows));
   }
   RATTN_HD int64_t count(int32_t len) const { return ceil_div(len, tile_rows); }
 

@@ -210,7 +210,7 @@ struct FwdSmem {
   size_t q_stage, k_stage, v_stage;
   int q_buffers;
   size_t bars;   // mbarriers (fwd_barriers)
-  size_t slots;  // the persistent kernel's work items: fetched[2], current[q_buffers]
+  size_t slots;  // the persistent kernel's work items: fetched[2], then items[q_buffers]
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
 // mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages], and the
@@ -218,6 +218,9 @@ struct FwdSmem {
 RATTN_HD constexpr int fwd_barriers(int q_buffers, int stages) {
   return 2 * q_buffers + 2 * stages + 1;
 }
+// The persistent kernel hands each Q buffer's work item to the consumers whole (its segment, rows
+// and key range, as the producer found them): bytes per item slot, at least the kernel's Item.
+constexpr size_t kFwdItemBytes = 64;
 RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   const FwdConfig c = fwd_config(dqk, dv, persistent);
   FwdSmem s{};
@@ -230,7 +233,7 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
   s.slots = s.bars + fwd_barriers(s.q_buffers, c.stages) * 8;
-  s.bytes = s.slots + (2 + s.q_buffers) * 8 + kSmemAlign;
+  s.bytes = s.slots + 2 * 8 + s.q_buffers * kFwdItemBytes + kSmemAlign;
   return s;
 }
 static_assert(fwd_smem(64, 64, true).bytes <= 227 * 1024 &&

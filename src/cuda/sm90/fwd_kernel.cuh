@@ -125,7 +125,8 @@ __device__ __forceinline__ void fwd_zero_partial_kv(unsigned char* smem, int s, 
 // head h) with Q in shared memory (Q buffer q_buf): the key loop over the item's K/V tiles, which
 // are the CTA's K/V tiles g, g + 1, ... (stage (g + i) % STAGES), then O and LSE. kPersistent: the
 // persistent kernel's buffers (fwd_config / fwd_smem with persistent set), arrive on q_empty once
-// the item's last score product has landed (the producer may then replace Q), and keep the Q
+// done with the Q buffer (the producer may then replace Q: after O has gone out through it, or,
+// where Q has a single buffer, once the item's last score product has landed), and keep the Q
 // address opaque at every head dim (the item loop around this otherwise spills at D = 128).
 // Returns the number of K/V tiles consumed.
 template <class T, int DQK, int DV, bool kPersistent>
@@ -333,7 +334,10 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
     rescale_and_pack();
   }
-  if constexpr (kPersistent) {
+  // O goes out through the Q buffer unless that would hold a single-buffered persistent Q back
+  // (its next item's Q loads while this item's last product and epilogue run).
+  constexpr bool kStageO = !kPersistent || L.q_buffers > 1;
+  if constexpr (kPersistent && !kStageO) {
     mbar_arrive(q_empty);  // every score product of this item has landed: Q may be replaced
   }
   const int last = (g + n_tiles - 1) % STAGES;
@@ -346,21 +350,66 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   pin(acc_o);
   mbar_arrive(&empty[last]);
 
-  // Epilogue: normalize and write this thread's O elements; LSE in natural log.
+  // Epilogue: LSE in natural log; O normalized, then (kStageO) staged in this consumer's 64 rows
+  // of the Q buffer (its score products have all landed, and the other consumer reads only its
+  // own rows; same swizzled panels, so stmatrix writes and the 16-byte row reads are free of bank
+  // conflicts) and stored by whole 16-byte row chunks: a quarter of the store instructions, and
+  // full sectors, where the accumulator layout gives 4-byte pieces of eight rows per instruction.
+  static_assert(DV <= DQK, "O's 64 rows fit the consumer's rows of the Q buffer");
+  float inv[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float l = portable::quad_sum(row_sum[half]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    inv[half] = l > 0.f ? 1.f / l : 0.f;
     const int r = row_a + 8 * half;
-    if (r < rows) {
-      T* orow = o + r * o_stride + 2 * (lane % 4);
-#pragma unroll
-      for (int f = 0; f < OF; ++f) {
-        *reinterpret_cast<uint32_t*>(orow + f * 8) =
-            Mma::pack(acc_o[f][2 * half] * inv, acc_o[f][2 * half + 1] * inv);
-      }
-      if (lane % 4 == 0) lse[r] = l > 0.f ? row_max[half] * portable::kLn2 + logf(l) : -INFINITY;
+    if (r < rows && lane % 4 == 0) {
+      lse[r] = l > 0.f ? row_max[half] * portable::kLn2 + logf(l) : -INFINITY;
     }
+  }
+  if constexpr (!kStageO) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row_a + 8 * half;
+      if (r < rows) {
+        T* orow = o + r * o_stride + 2 * (lane % 4);
+#pragma unroll
+        for (int f = 0; f < OF; ++f) {
+          *reinterpret_cast<uint32_t*>(orow + f * 8) =
+              Mma::pack(acc_o[f][2 * half] * inv[half], acc_o[f][2 * half + 1] * inv[half]);
+        }
+      }
+    }
+    return n_tiles;
+  }
+  {
+    // stmatrix .x4 of fragments f and f + 1, both row halves: lanes 8i .. 8i + 7 address tile
+    // i's rows (tile i: fragment f + i / 2, rows 8 (i % 2) onwards of the warp's 16).
+    const int tile = lane / 8;
+    const int srow = cw * 64 + warp_in_wg * 16 + (tile % 2) * 8 + lane % 8;
+#pragma unroll
+    for (int f = 0; f < OF; f += 2) {
+      const uint32_t r4[4] = {Mma::pack(acc_o[f][0] * inv[0], acc_o[f][1] * inv[0]),
+                              Mma::pack(acc_o[f][2] * inv[1], acc_o[f][3] * inv[1]),
+                              Mma::pack(acc_o[f + 1][0] * inv[0], acc_o[f + 1][1] * inv[0]),
+                              Mma::pack(acc_o[f + 1][2] * inv[1], acc_o[f + 1][3] * inv[1])};
+      stmatrix_x4(q_addr + swizzled_offset(BM, srow, f + tile / 2), r4);
+    }
+  }
+  named_barrier_sync(5 + cw, 128);  // this consumer's O rows are in shared memory
+  constexpr int CH = DV / 8;        // 16-byte chunks of an O row
+#pragma unroll 4
+  for (int k = 0; k < 64 * CH / 128; ++k) {
+    const int i = (tid % 128) + k * 128, r = cw * 64 + i / CH, c = i % CH;
+    if (r < rows) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(q_addr + swizzled_offset(BM, r, c)));
+      *reinterpret_cast<uint4*>(o + r * o_stride + c * 8) = v;
+    }
+  }
+  if constexpr (kPersistent) {
+    mbar_arrive(q_empty);  // this consumer is done with the Q buffer (its O rows read back)
   }
   return n_tiles;
 }
@@ -382,8 +431,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
-  uint64_t* full = q_full + 1;      // [STAGES]: a K/V tile has landed (producer arrivals)
-  uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
+  uint64_t* full = q_full + 1;         // [STAGES]: a K/V tile has landed (producer arrivals)
+  uint64_t* empty = full + STAGES;     // [STAGES]: both consumers are done with a stage
   uint64_t* partial = empty + STAGES;  // a partial K/V tile's boxes have landed (producer)
 
   const int tid = threadIdx.x;
@@ -461,14 +510,12 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);  // [NQ]: a Q tile has landed
-  uint64_t* q_empty = q_full + NQ;  // [NQ]: both consumers' score products are done with it
-  uint64_t* full = q_empty + NQ;    // [STAGES]: a K/V tile has landed (producer arrivals)
-  uint64_t* empty = full + STAGES;  // [STAGES]: both consumers are done with a stage
+  uint64_t* q_empty = q_full + NQ;     // [NQ]: both consumers are done with it (fwd_consume)
+  uint64_t* full = q_empty + NQ;       // [STAGES]: a K/V tile has landed (producer arrivals)
+  uint64_t* empty = full + STAGES;     // [STAGES]: both consumers are done with a stage
   uint64_t* partial = empty + STAGES;  // a partial K/V tile's boxes have landed (producer)
-  // The producer's fetched work item (two slots, alternating) and, per Q buffer, the consumers'
-  // item (-1: no more work), written under that buffer's q_empty and read after its q_full.
+  // The producer's fetched work item index (two slots, alternating).
   int64_t* fetched = reinterpret_cast<int64_t*>(smem + L.slots);  // [2]
-  int64_t* current = fetched + 2;                                 // [NQ]
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
@@ -484,12 +531,18 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // The producer fetches and hands each item inside a segment to the consumers with its Q tile
   // (an item no row of which sees a key without one), so both sides count the same Q uses and
   // K/V stages.
+  // The producer finds each item's segment, rows and keys (a binary search over the segments and
+  // a few divisions) and hands them to the consumers whole, in the item's Q buffer slot: written
+  // under that buffer's q_empty, read after its q_full. The consumers' own search measured a fifth
+  // of their time on docs_short_32k (PERFORMANCE.md item 47).
   const int64_t work_tiles = args.work_tiles, n_work = work_tiles * args.heads;
   struct Item {
     portable::QueryTileWork w;
     int h;
-    bool valid;  // false: the index falls in a gap between segments
+    bool valid;  // producer: false, the index falls in a gap; consumers: false, no more work
   };
+  static_assert(sizeof(Item) <= kFwdItemBytes, "an item slot holds an Item");
+  Item* items = reinterpret_cast<Item*>(smem + L.slots + 2 * sizeof(int64_t));  // [NQ]
   auto fetch = [&](int64_t wi) {
     Item it;
     const int64_t rest = wi / p.group;  // (KV head, tile) pairs
@@ -511,20 +564,20 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    // ---- Producer: per work item, K/V tile i into stage g % STAGES (g counts the CTA's K/V
-    // tiles over all its items) once both consumers freed it, and Q into buffer t % NQ once the
-    // consumers' last score product of item t - NQ has landed (that buffer's q_empty). K/V tiles
-    // come by TMA (fwd_load_kv; a segment's partial last tile's rows past the segment zeroed
-    // after Q's boxes are issued, fwd_zero_partial_kv). Every thread arrives once its own writes
-    // are visible to the async proxy, so a stage's barrier completes when all 128 threads and the
-    // TMA bytes are in. Q always comes by
-    // TMA, even past its segment's end: a query row's O depends on that row of Q only, and the rows
-    // past the segment are never written (past the tensor's end TMA fills zeros).
+    // ---- Producer: per work item, Q into buffer t % NQ once the consumers are done with item
+    // t - NQ's (that buffer's q_empty), then K/V tile i into stage g % STAGES (g counts the CTA's
+    // K/V tiles over all its items) once both consumers freed it. Q goes first, so that it loads
+    // while the previous item's tiles run. K/V tiles come by TMA (fwd_load_kv; a segment's partial
+    // last tile's rows past the segment zeroed after, fwd_zero_partial_kv). Every thread arrives
+    // once its own writes are visible to the async proxy, so a stage's barrier completes when all
+    // 128 threads and the TMA bytes are in. Q always comes by TMA, even past its segment's end: a
+    // query row's O depends on that row of Q only, and the rows past the segment are never
+    // written (past the tensor's end TMA fills zeros).
     regs_dealloc<C.producer_regs>();
     const int ptid = tid;
-    int g = 0;  // K/V tiles loaded by this CTA so far
+    int g = 0;                  // K/V tiles loaded by this CTA so far
     uint32_t partial_uses = 0;  // partial K/V tiles so far (`partial`'s phases)
-    int t = 0;  // work items handed to the consumers so far (the Q buffers' uses)
+    int t = 0;                  // work items handed to the consumers so far (the Q buffers' uses)
     // Before item t's Q (or its no-work mark) goes into buffer t % NQ: item t - NQ is done with it.
     auto wait_q_buffer = [&]() {
       if (t >= NQ) mbar_wait(&q_empty[t % NQ], ((t / NQ) - 1) & 1);
@@ -542,28 +595,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     for (int64_t wi = next_item(); wi < n_work; wi = next_item()) {
       const Item it = fetch(wi);
       if (!it.valid) continue;
-      if (it.w.key_lo >= it.w.key_hi) {  // no row sees a key: the consumers write O and LSE
-        if (ptid == 0) {
-          wait_q_buffer();
-          current[t % NQ] = wi;
-          mbar_arrive(&q_full[t % NQ]);
-        }
-        ++t;
-        continue;
-      }
+      const bool seen = it.w.key_lo < it.w.key_hi;  // else the consumers write O = 0, LSE = -inf
       const Segment seg = it.w.seg;
       const int h = it.h, hk = h / p.group;
-      const int n_first = it.w.key_lo / BN;
-      const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
-      for (int i = 0; i < n_tiles; ++i, ++g) {
-        const int s = g % STAGES;
-        if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
-        const int n0 = (n_first + i) * BN;
-        const bool whole = fwd_load_kv<DQK, DV, true>(args, smem, s, seg, hk, n0, &full[s], partial);
-        if (i == 0 && ptid == 0) {  // Q by TMA, after the first K/V tile's copies
-          wait_q_buffer();
-          const int b = t % NQ;
-          current[b] = wi;
+      if (ptid == 0) {  // the item, and its Q by TMA
+        wait_q_buffer();
+        const int b = t % NQ;
+        items[b] = it;
+        if (seen) {
           mbar_expect_tx(&q_full[b], uint32_t(L.q_stage));
           const int row = int(seg.q_row0 + it.w.m0);
           unsigned char* q_dst = smem + L.q + b * L.q_stage;
@@ -571,20 +610,30 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
           for (int panel = 0; panel < DQK / 64; ++panel)
             tma_load_3d(q_dst + panel * BM * kSwizzleBytes, &args.q_map, panel * 64, h, row,
                         &q_full[b]);
-          mbar_arrive(&q_full[b]);
         }
-        if (!whole) {  // after Q's boxes are issued: the consumers can start on them meanwhile
+        mbar_arrive(&q_full[b]);
+      }
+      ++t;
+      if (!seen) continue;
+      const int n_first = it.w.key_lo / BN;
+      const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
+      for (int i = 0; i < n_tiles; ++i, ++g) {
+        const int s = g % STAGES;
+        if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
+        const int n0 = (n_first + i) * BN;
+        const bool whole =
+            fwd_load_kv<DQK, DV, true>(args, smem, s, seg, hk, n0, &full[s], partial);
+        if (!whole) {
           fwd_zero_partial_kv<DQK, DV, true>(smem, s, seg.len_kv - n0, partial, partial_uses++);
           fence_proxy_async_smem();
         }
         mbar_arrive(&full[s]);
       }
-      ++t;
     }
-    // No more work: the consumers find -1 with the next Q "tile".
+    // No more work: the consumers find an invalid item with the next Q "tile".
     if (ptid == 0) {
       wait_q_buffer();
-      current[t % NQ] = -1;
+      items[t % NQ].valid = false;
       mbar_arrive(&q_full[t % NQ]);
     }
     return;
@@ -596,9 +645,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   for (int t = 0;; ++t) {
     const int b = t % NQ;
     mbar_wait(&q_full[b], (t / NQ) & 1);
-    const int64_t wi = *static_cast<volatile int64_t*>(current + b);
-    if (wi < 0) break;
-    const Item it = fetch(wi);         // inside a segment: the producer skipped the gaps
+    const Item it = items[b];  // inside a segment: the producer skipped the gaps
+    if (!it.valid) break;
     if (it.w.key_lo >= it.w.key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
       portable::write_unseen_tile<T, DV>(p, it.w, it.h, tid - 128, 128 * C.consumers);
       mbar_arrive(&q_empty[b]);

@@ -1,17 +1,22 @@
-// The Hopper backward's key-tile order (BwdWorkspace::schedule): most work first, so that the
-// CTAs that run longest start first and the last wave is made of short ones (longest processing
-// time first). A CTA's work is its key tile's query steps (portable::key_tile_work: the same
-// function the main kernel loops over), which causal masking makes largest for a segment's first
-// tiles and long segments make larger than short ones; the grid's plain order (segment by segment,
-// KV head by KV head) left heavy tiles of later segments for the last wave.
+// The Hopper backward's key-tile order (BwdWorkspace::schedule): segments with the most work
+// first, each segment's key tiles together, so that the CTAs that run longest start first, the
+// last wave is made of short ones (longest processing time first, by segment), and the CTAs in
+// flight at once add into the dQ rows of a few segments only, which stay in L2. A CTA's work is
+// its key tile's query steps (portable::key_tile_work: the same function the main kernel loops
+// over); a segment's is that of its first key tile, the one that sees the most query rows under
+// causal masking. The grid's plain order (segment by segment, KV head by KV head) left heavy tiles
+// of later segments for the last wave; sorting the tiles themselves by their step count (item 29)
+// spread a segment's tiles over the whole KV head, so the dQ rows they add into were evicted
+// between one tile's adds and the next's (PERFORMANCE.md item 47).
 //
-// One CTA of kScheduleThreads: a counting sort of the tile map's key tiles (TileCoord: the main
-// kernel then needs no search of the segments) by their step count (clamped to
+// One CTA of kScheduleThreads: a stable counting sort of the tile map's key tiles (TileCoord: the
+// main kernel then needs no search of the segments) by their segment's step count (clamped to
 // kScheduleBuckets - 1 steps; indices that fall in a gap between segments count as zero steps),
-// descending. Within a bucket the order is whatever the atomics give: the Plan asks
-// for a schedule only outside deterministic mode. A schedule that were not a permutation of the
-// grid's tiles would skip a key tile (its dK and dV left as the poisoned outputs) or run one twice
-// (its dQ terms doubled): every Hopper suite, which runs outside deterministic mode, would fail.
+// descending; stable, so within a bucket segment by segment in tile-map order, a segment's tiles
+// in tile order. The Plan asks for a schedule only outside deterministic mode. A schedule that
+// were not a permutation of the grid's tiles would skip a key tile (its dK and dV left as the
+// poisoned outputs) or run one twice (its dQ terms doubled): every Hopper suite, which runs
+// outside deterministic mode, would fail.
 #pragma once
 
 #include "cuda/portable/bwd_common.cuh"
@@ -33,11 +38,11 @@ __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
   return v;
 }
 
-// Bucket of key tile tc: 0 for the most steps, kScheduleBuckets - 1 for none.
+// Bucket of key tile tc: its segment's, 0 for the most steps, kScheduleBuckets - 1 for none.
 template <int BM, int BN>
 __device__ __forceinline__ int schedule_bucket(const portable::BwdParams& p, const TileCoord& tc) {
   if (tc.segment < 0) return kScheduleBuckets - 1;
-  const int steps = portable::key_tile_work<BM, BN>(p, tc).m_count;
+  const int steps = portable::key_tile_work<BM, BN>(p, TileCoord{tc.segment, 0}).m_count;
   return kScheduleBuckets - 1 - min(steps, kScheduleBuckets - 1);
 }
 
@@ -64,9 +69,24 @@ __global__ void __launch_bounds__(kScheduleThreads)
   start[2 * tid] = before;
   start[2 * tid + 1] = before + c0;
   __syncthreads();
-  for (int x = tid; x < n; x += kScheduleThreads) {
-    const TileCoord tc = p.kv_tiles.locate(x, p.segs.cu_kv);
-    order[atomicAdd(&start[schedule_bucket<BM, BN>(p, tc)], 1)] = tc;
+  // The scatter, stable: kScheduleThreads tiles at a time, warp by warp, and inside a warp each
+  // tile after the lanes below it with the same bucket.
+  for (int x0 = 0; x0 < n; x0 += kScheduleThreads) {
+    const int x = x0 + tid;
+    const TileCoord tc = x < n ? p.kv_tiles.locate(x, p.segs.cu_kv) : TileCoord{-1, 0};
+    const int k = x < n ? schedule_bucket<BM, BN>(p, tc) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, k);
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    const bool leader = rank == 0;
+    for (int w = 0; w < kScheduleThreads / 32; ++w) {
+      if (warp == w && k >= 0) {
+        const int pos = start[k] + rank;
+        __syncwarp(peers);
+        if (leader) start[k] = pos + __popc(peers);
+        order[pos] = tc;
+      }
+      __syncthreads();
+    }
   }
 }
 
