@@ -220,12 +220,12 @@ TEST(DqAccumLayout, ReaderAgreesWithTheWritersAddresses) {
             for (int64_t i : {int64_t(0), int64_t(63), int64_t(64), int64_t(lens[size_t(b)] / 2)}) {
               for (int32_t c : {0, 1, 7, 8, 63, 127}) {
                 const int64_t i0 = i - i % DqAccumLayout::kTileRows;
-                const int64_t writer =
-                    order == DqTileOrder::Rows
-                        ? l.offset(s, b, cu[size_t(b)], h, i) + c
-                        : l.offset(s, b, cu[size_t(b)], h, i0) +
-                              DqAccumLayout::fragment_index(int32_t(i - i0), c);
-                ASSERT_EQ(l.at(s, b, cu[size_t(b)], h, i, c), writer) << "row " << i << " col " << c;
+                const int64_t writer = order == DqTileOrder::Rows
+                                           ? l.offset(s, b, cu[size_t(b)], h, i) + c
+                                           : l.offset(s, b, cu[size_t(b)], h, i0) +
+                                                 DqAccumLayout::fragment_index(int32_t(i - i0), c);
+                ASSERT_EQ(l.at(s, b, cu[size_t(b)], h, i, c), writer)
+                    << "row " << i << " col " << c;
                 ASSERT_EQ(l.at_from(base, i, c), writer) << "row " << i << " col " << c;
               }
             }
@@ -244,8 +244,8 @@ TEST(DqAccumLayout, Wgmma64TilesPermuteTheirSlotRows) {
     const int32_t max_len = *std::max_element(lens.begin(), lens.end());
     const int32_t dim = 64 * (1 + trial % 4);  // 64, 128, 192, 256
     for (DqSlotScheme scheme : {DqSlotScheme::Compact, DqSlotScheme::PaddedBatch}) {
-      SCOPED_TRACE(::testing::Message() << "trial " << trial << " dim " << dim << " scheme "
-                                        << int(scheme));
+      SCOPED_TRACE(::testing::Message()
+                   << "trial " << trial << " dim " << dim << " scheme " << int(scheme));
       const DqAccumLayout l =
           make_dq_accum_layout(scheme, AccumType::F32, 2, int32_t(lens.size()), 2, dim, cu.back(),
                                max_len, kAlign, DqTileOrder::Wgmma64);
@@ -261,8 +261,8 @@ TEST(DqAccumLayout, Wgmma64TilesPermuteTheirSlotRows) {
               for (int c = 0; c < dim; ++c) {
                 const int64_t e = l.at(s, b, cu[size_t(b)], h, i, c);
                 ASSERT_GE(e, base);
-                ASSERT_LT(e, base + int64_t(rows) * dim) << "row " << i << " column " << c
-                                                         << " of segment " << b << " leaves its slot";
+                ASSERT_LT(e, base + int64_t(rows) * dim)
+                    << "row " << i << " column " << c << " of segment " << b << " leaves its slot";
                 ASSERT_EQ(seen[size_t(e)]++, 0) << "segment " << b << " head " << h << " row " << i
                                                 << " column " << c << " shares an element";
               }
@@ -301,18 +301,33 @@ TEST(DqAccumLayout, Wgmma64IsTheAccumulatorFragmentOrder) {
 // Tile order needs whole tiles in every slot: PackedTokens keeps row order, and the alignment is
 // raised to whole tiles.
 TEST(DqAccumLayout, Wgmma64OnlyWhereSlotsHoldWholeTiles) {
-  const DqAccumLayout packed = make_dq_accum_layout(
-      DqSlotScheme::PackedTokens, AccumType::F32, 1, 3, 2, 64, 300, 200, 16, DqTileOrder::Wgmma64);
+  const DqAccumLayout packed = make_dq_accum_layout(DqSlotScheme::PackedTokens, AccumType::F32, 1,
+                                                    3, 2, 64, 300, 200, 16, DqTileOrder::Wgmma64);
   EXPECT_EQ(packed.order, DqTileOrder::Rows);
-  const DqAccumLayout compact = make_dq_accum_layout(
-      DqSlotScheme::Compact, AccumType::BF16, 1, 3, 2, 64, 300, 200, 16, DqTileOrder::Wgmma64);
+  const DqAccumLayout compact = make_dq_accum_layout(DqSlotScheme::Compact, AccumType::BF16, 1, 3,
+                                                     2, 64, 300, 200, 16, DqTileOrder::Wgmma64);
   EXPECT_EQ(compact.order, DqTileOrder::Wgmma64);
   EXPECT_EQ(compact.align, 64);
   const DqAccumLayout rows = make_dq_accum_layout(DqSlotScheme::Compact, AccumType::BF16, 1, 3, 2,
                                                   64, 300, 200, 16, DqTileOrder::Rows);
   EXPECT_EQ(rows.align, 16);
   for (int i = 0; i < 300; ++i) {
-    for (int c = 0; c < 64; ++c) EXPECT_EQ(rows.at(0, 0, 0, 1, i, c), rows.offset(0, 0, 0, 1, i) + c);
+    for (int c = 0; c < 64; ++c)
+      EXPECT_EQ(rows.at(0, 0, 0, 1, i, c), rows.offset(0, 0, 0, 1, i) + c);
+  }
+}
+
+// first() is the documented closed form floor((cu[b] + b * tile) / tile), computed in 64 bits,
+// up to the largest cu_seqlens value an int32 holds (its 32-bit division must not wrap).
+TEST(RaggedTiles, FirstIsTheClosedForm) {
+  for (int32_t tile : {16, 64, 96, 128}) {
+    const RaggedTiles map{tile, 1 << 20};
+    for (int32_t cu : {0, 1, 63, 64, 65, 127, 128, 1000003, 1 << 30, 2147483520, 2147483647}) {
+      for (int b : {0, 1, 7, 77, 4095, (1 << 20) - 1}) {
+        const int64_t expect = (int64_t(cu) + int64_t(b) * tile) / tile;
+        ASSERT_EQ(map.first(b, cu), expect) << "tile " << tile << " cu " << cu << " b " << b;
+      }
+    }
   }
 }
 
