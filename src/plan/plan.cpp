@@ -76,8 +76,8 @@ void plan_bwd_workspace(PlanData* d) {
     int64_t q_tiles = RaggedTiles::bound(p.total_q, p.batch, d->bwd.block_m);
     ws.locks = take(&cursor, size_t(q_tiles) * p.num_heads_q * sizeof(int32_t));
   } else if (d->bwd.family == KernelFamily::Wgmma) {
-    // The Hopper backward takes its key tiles most work first (causal masking gives a segment's
-    // first tiles the most query steps, and long segments more than short ones).
+    // The Hopper backward takes its key tiles segment by segment, the segments with the most work
+    // first (long segments have more query steps than short ones; sm90/schedule.cuh).
     ws.schedule = take(&cursor, size_t(d->bwd.tiles) * sizeof(TileCoord));
   }
   ws.total = round_up(int64_t(cursor), kRegionAlign);

@@ -28,7 +28,8 @@ struct BwdWorkspace {
   Region dpsum;            // fp32 dot(dO, O), RowStatLayout
   Region locks;            // int32 per (query tile, query head): deterministic ordering
   // TileCoord per key tile (LaunchShape::tiles): the order the Hopper backward's CTAs take the key
-  // tiles in, most work first (written by sm90::bwd_lpt_schedule before each main kernel). Not in
+  // tiles in, segment by segment, the segments with the most work first (written by
+  // sm90::bwd_lpt_schedule before each main kernel). Not in
   // deterministic mode (its turns need each segment's tiles in order).
   Region schedule;
   size_t total = 0;
