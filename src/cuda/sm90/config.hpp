@@ -213,10 +213,11 @@ struct FwdSmem {
   size_t slots;  // the persistent kernel's work items: fetched[2], then items[q_buffers]
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-// mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages], and the
-// producer's own for a partial K/V tile's TMA boxes (it zeroes the rows past the segment after).
+// mbarriers: q_full[q_buffers], q_empty[q_buffers], the K/V ring's full_k, full_v, empty_k and
+// empty_v [stages] each, and the producer's own for a partial K/V tile's TMA boxes (it zeroes the
+// rows past the segment after).
 RATTN_HD constexpr int fwd_barriers(int q_buffers, int stages) {
-  return 2 * q_buffers + 2 * stages + 1;
+  return 2 * q_buffers + 4 * stages + 1;
 }
 // The persistent kernel hands each Q buffer's work item to the consumers whole (its segment, rows
 // and key range, as the producer found them): bytes per item slot, at least the kernel's Item.
