@@ -37,7 +37,6 @@ def load(path):
             continue
         num = lambda name: int(float(r[col[name]] or 0))
         insts.append({
-            "addr": r[col["Address"]] if "Address" in col else "",
             "sass": r[col["Source"]].strip(),
             "samples": num("Warp Stall Sampling (All Samples)"),
             "executed": num("Instructions Executed"),
