@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
 #
-# STEPs: info check tests sanitize profile bench anchors python train ab
+# STEPs: info check tests sanitize profile profile_source bench anchors python train ab
 # (default: info check tests sanitize bench).
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
 # `anchors` needs ANCHORS_DIR (the anchor scripts). `python` installs the package over BUILD_DIR's
@@ -86,6 +86,23 @@ for s in $steps; do
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
           --section LaunchStats "$cli" bench --segments 16384 --heads 32/8 --dim 128 --causal \
           --repeat 1
+      done ;;
+    profile_source)
+      # Per-SASS stall samples (ncu --set full, clocks untouched) of the Hopper forward and
+      # backward on PROFILE_WORKLOAD (default docs_short_32k), exported as CSV and summarized by
+      # scripts/stall_summary.py (docs/PERFORMANCE.md item 47 was read this way).
+      wl=${PROFILE_WORKLOAD:-docs_short_32k}
+      segs=$(python3 -c "import sys; sys.path.insert(0, '$repo/bench'); from workloads import WORKLOADS; \
+lens, causal = WORKLOADS['$wl']; print(','.join(map(str, lens)), '--causal' if causal else '')")
+      for k in fwd bwd; do
+        [ $k = fwd ] && name='fwd_(persistent_)?kernel' || name='bwd_kernel'
+        step "ncu_source_$k" 240 ncu --clock-control none --kernel-name "regex:$name" \
+          --launch-skip 1 --launch-count 1 --set full --import-source no -o "$out/source_$k" \
+          "$cli" bench --segments $segs --heads 32/8 --dim 128 --repeat 1
+        ncu --import "$out/source_$k.ncu-rep" --page source --csv --print-source sass \
+          >"$out/source_$k.csv" 2>/dev/null &&
+          python3 "$repo/scripts/stall_summary.py" "$out/source_$k.csv" --regions \
+            >"$out/stalls_$k.txt"
       done ;;
     bench)
       step bench 300 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors --out "$out" ;;

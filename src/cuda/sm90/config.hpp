@@ -210,7 +210,8 @@ struct FwdSmem {
   size_t q_stage, k_stage, v_stage;
   int q_buffers;
   size_t bars;   // mbarriers (fwd_barriers)
-  size_t slots;  // the persistent kernel's work items: fetched[2], then items[q_buffers]
+  size_t slots;  // the persistent kernel's fetched work item indices: int64 fetched[2]
+  size_t items;  // and its items handed to the consumers: [q_buffers] of kFwdItemBytes
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
 // mbarriers: q_full[q_buffers], q_empty[q_buffers], the K/V ring's full_k, full_v, empty_k and
@@ -234,7 +235,8 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
   s.slots = s.bars + fwd_barriers(s.q_buffers, c.stages) * 8;
-  s.bytes = s.slots + 2 * 8 + s.q_buffers * kFwdItemBytes + kSmemAlign;
+  s.items = s.slots + 2 * 8;
+  s.bytes = s.items + s.q_buffers * kFwdItemBytes + kSmemAlign;
   return s;
 }
 static_assert(fwd_smem(64, 64, true).bytes <= 227 * 1024 &&

@@ -584,7 +584,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     bool valid;  // producer: false, the index falls in a gap; consumers: false, no more work
   };
   static_assert(sizeof(Item) <= kFwdItemBytes, "an item slot holds an Item");
-  Item* items = reinterpret_cast<Item*>(smem + L.slots + 2 * sizeof(int64_t));  // [NQ]
+  Item* items = reinterpret_cast<Item*>(smem + L.items);  // [NQ]
   auto fetch = [&](int64_t wi) {
     Item it;
     const int64_t rest = wi / p.group;  // (KV head, tile) pairs
