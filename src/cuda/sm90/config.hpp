@@ -214,11 +214,24 @@ struct FwdSmem {
   size_t items;  // and its items handed to the consumers: [q_buffers] of kFwdItemBytes
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-// mbarriers: q_full[q_buffers], q_empty[q_buffers], the K/V ring's full_k, full_v, empty_k and
-// empty_v [stages] each, and the producer's own for a partial K/V tile's TMA boxes (it zeroes the
-// rows past the segment after).
-RATTN_HD constexpr int fwd_barriers(int q_buffers, int stages) {
-  return 2 * q_buffers + 4 * stages + 1;
+// K and V of a K/V ring stage on barriers of their own (fwd_kernel.cuh's KvRing: a stage's K is
+// freed once the score products with it have landed, a step before its V): in the persistent
+// kernel, whose items of one to a few tiles wait for their first K at every item. Measured on the
+// H200 (docs/PERFORMANCE.md item 50, D = 128): the persistent kernel's two-stage ring +4.6% on
+// docs_short_32k; the grid kernel's three-stage ring -1.3% on one_doc_16k, so it keeps one pair of
+// barriers per stage.
+RATTN_HD constexpr bool fwd_kv_split(bool persistent) {
+  return persistent;
+}
+// The K/V ring's mbarriers: full and empty per stage, or full_k, full_v, empty_k and empty_v per
+// stage where K and V are apart.
+RATTN_HD constexpr int fwd_ring_barriers(int dqk, int dv, bool persistent) {
+  return (fwd_kv_split(persistent) ? 4 : 2) * fwd_config(dqk, dv, persistent).stages;
+}
+// mbarriers: q_full[q_buffers], q_empty[q_buffers], the K/V ring's, and the producer's own for a
+// partial K/V tile's TMA boxes (it zeroes the rows past the segment after).
+RATTN_HD constexpr int fwd_barriers(int dqk, int dv, bool persistent) {
+  return 2 * fwd_q_buffers(dqk, dv, persistent) + fwd_ring_barriers(dqk, dv, persistent) + 1;
 }
 // The persistent kernel hands each Q buffer's work item to the consumers whole (its segment, rows
 // and key range, as the producer found them): bytes per item slot, at least the kernel's Item.
@@ -234,7 +247,7 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   s.k = s.q + s.q_buffers * s.q_stage;
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
-  s.slots = s.bars + fwd_barriers(s.q_buffers, c.stages) * 8;
+  s.slots = s.bars + fwd_barriers(dqk, dv, persistent) * 8;
   s.items = s.slots + 2 * 8;
   s.bytes = s.items + s.q_buffers * kFwdItemBytes + kSmemAlign;
   return s;

@@ -54,39 +54,51 @@ struct FwdTmaParams {
   unsigned long long* work_counter;  // items claimed past the first gridDim.x; zero at launch
 };
 
-// The K/V ring's barriers, K and V apart (FlashAttention-3's two pipelines): a stage's K is free
-// once both consumers' score products with it have landed, a step before its V, whose P V is
-// issued with the next tile's scores; so the producer loads the next K that much earlier.
-// full_k[s] and full_v[s] complete with the producer warpgroup's 128 arrivals (and the TMA bytes),
-// empty_k[s] and empty_v[s] with every consumer thread's. Four arrays of `stages` barriers, in
-// this order, from `at`.
+// The K/V ring's barriers. Where K and V are apart (config.hpp's fwd_kv_split; FlashAttention-3's
+// two pipelines), a stage's K is free once both consumers' score products with it have landed, a
+// step before its V, whose P V is issued with the next tile's scores, so the producer loads the
+// next K that much earlier: full_k[s] and full_v[s] complete with the producer warpgroup's 128
+// arrivals (and the TMA bytes), empty_k[s] and empty_v[s] with every consumer thread's, four
+// arrays of `stages` barriers from `at`. Otherwise a stage has one full and one empty barrier
+// (two arrays), K and V land and are freed together, and full_v, empty_v name full_k, empty_k:
+// the code below waits and arrives on the V barriers as it does on the K ones only where they are
+// apart. fwd_ring_barriers(...) barriers in all.
 struct KvRing {
   uint64_t *full_k, *full_v, *empty_k, *empty_v;
 };
 template <int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ KvRing kv_ring_at(uint64_t* at) {
   constexpr int S = fwd_config(DQK, DV, kPersistent).stages;
-  return KvRing{at, at + S, at + 2 * S, at + 3 * S};
+  if constexpr (fwd_kv_split(kPersistent)) {
+    static_assert(fwd_ring_barriers(DQK, DV, kPersistent) == 4 * S, "four arrays");
+    return KvRing{at, at + S, at + 2 * S, at + 3 * S};
+  } else {
+    static_assert(fwd_ring_barriers(DQK, DV, kPersistent) == 2 * S, "two arrays");
+    return KvRing{at, at, at + S, at + S};
+  }
 }
 template <int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ void init_kv_ring(const KvRing& r) {
   constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   for (int s = 0; s < C.stages; ++s) {
     mbar_init(&r.full_k[s], 128);
-    mbar_init(&r.full_v[s], 128);
     mbar_init(&r.empty_k[s], 128 * C.consumers);
-    mbar_init(&r.empty_v[s], 128 * C.consumers);
+    if constexpr (fwd_kv_split(kPersistent)) {
+      mbar_init(&r.full_v[s], 128);
+      mbar_init(&r.empty_v[s], 128 * C.consumers);
+    }
   }
 }
 
 // The producer's copy of K/V tile g, rows [n0, n0 + block_n) of KV head hk, into stage
 // g % stages, by TMA (thread 0 issues one box per 64-column panel of each tensor). A whole tile:
-// K once its stage's K is free (empty_k), completing on full_k's transaction count, then V once
-// its V is free (empty_v), on full_v's. A segment's partial last tile: both once both are free,
-// completing on `partial` (its `partial_uses`-th use), after which fwd_zero_partial_kv clears the
-// rows past the segment (they may hold anything, NaN included, and P V would carry it into O;
-// rows past the tensor's end arrive as zeros) before the stage's two full barriers. All 128
-// producer threads arrive on both, each once its own writes are visible to the async proxy.
+// where K and V are apart, K once its stage's K is free (empty_k), completing on full_k's
+// transaction count, then V once its V is free (empty_v), on full_v's; otherwise both once the
+// stage is free, on full_k's. A segment's partial last tile: both once both are free, completing
+// on `partial` (its `partial_uses`-th use), after which fwd_zero_partial_kv clears the rows past
+// the segment (they may hold anything, NaN included, and P V would carry it into O; rows past the
+// tensor's end arrive as zeros) before the stage's full barriers. All 128 producer threads arrive
+// on each full barrier, each once its own writes are visible to the async proxy.
 template <int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigned char* smem,
                                                const KvRing& ring, int g, const Segment& seg,
@@ -141,24 +153,34 @@ __device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigne
     for (int panel = 0; panel < DV / 64; ++panel)
       tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row, boxes);
   };
+  constexpr bool SPLIT = fwd_kv_split(kPersistent);
   if (seg.len_kv - n0 >= BN) {
     if (g >= STAGES) mbar_wait(&ring.empty_k[s], freed);
-    if (threadIdx.x == 0) {
-      mbar_expect_tx(&ring.full_k[s], uint32_t(L.k_stage));
-      load_k(&ring.full_k[s]);
+    if constexpr (SPLIT) {
+      if (threadIdx.x == 0) {
+        mbar_expect_tx(&ring.full_k[s], uint32_t(L.k_stage));
+        load_k(&ring.full_k[s]);
+      }
+      mbar_arrive(&ring.full_k[s]);
+      if (g >= STAGES) mbar_wait(&ring.empty_v[s], freed);
+      if (threadIdx.x == 0) {
+        mbar_expect_tx(&ring.full_v[s], uint32_t(L.v_stage));
+        load_v(&ring.full_v[s]);
+      }
+      mbar_arrive(&ring.full_v[s]);
+    } else {
+      if (threadIdx.x == 0) {
+        mbar_expect_tx(&ring.full_k[s], uint32_t(L.k_stage + L.v_stage));
+        load_k(&ring.full_k[s]);
+        load_v(&ring.full_k[s]);
+      }
+      mbar_arrive(&ring.full_k[s]);
     }
-    mbar_arrive(&ring.full_k[s]);
-    if (g >= STAGES) mbar_wait(&ring.empty_v[s], freed);
-    if (threadIdx.x == 0) {
-      mbar_expect_tx(&ring.full_v[s], uint32_t(L.v_stage));
-      load_v(&ring.full_v[s]);
-    }
-    mbar_arrive(&ring.full_v[s]);
     return;
   }
   if (g >= STAGES) {
     mbar_wait(&ring.empty_k[s], freed);
-    mbar_wait(&ring.empty_v[s], freed);
+    if constexpr (SPLIT) mbar_wait(&ring.empty_v[s], freed);
   }
   if (threadIdx.x == 0) {
     mbar_expect_tx(partial, uint32_t(L.k_stage + L.v_stage));
@@ -169,7 +191,7 @@ __device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigne
   fwd_zero_partial_kv<DQK, DV, kPersistent>(smem, s, seg.len_kv - n0, partial, partial_uses++);
   fence_proxy_async_smem();  // the zeroed rows, visible to wgmma
   mbar_arrive(&ring.full_k[s]);
-  mbar_arrive(&ring.full_v[s]);
+  if constexpr (SPLIT) mbar_arrive(&ring.full_v[s]);
 }
 
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
@@ -186,7 +208,8 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
                                            int q_buf, const KvRing& ring, uint64_t* q_empty) {
   constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
-  constexpr int NF = BN / 8;  // n8 fragments of a score row block
+  constexpr bool SPLIT = fwd_kv_split(kPersistent);  // K and V on barriers of their own
+  constexpr int NF = BN / 8;                         // n8 fragments of a score row block
   constexpr int OF = DV / 8;  // n8 fragments of the output row block (one m64nDV accumulator)
   constexpr int KSTEPS = DQK / 16;
   constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
@@ -364,13 +387,14 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   wgmma_commit();
   pass_turn();
   wait_products();
-  mbar_arrive(&ring.empty_k[g % STAGES]);  // this thread's reads of tile 0's K are complete
+  // This thread's reads of tile 0's K are complete (where K has barriers of its own).
+  if constexpr (SPLIT) mbar_arrive(&ring.empty_k[g % STAGES]);
   softmax(0);
   rescale_and_pack();
   for (int i = 1; i < n_tiles; ++i) {
     const int gi = g + i, stage = gi % STAGES, prev = (gi - 1) % STAGES;
     mbar_wait(&ring.full_k[stage], (gi / STAGES) & 1);
-    mbar_wait(&ring.full_v[prev], ((gi - 1) / STAGES) & 1);
+    if constexpr (SPLIT) mbar_wait(&ring.full_v[prev], ((gi - 1) / STAGES) & 1);
     my_turn();
     wgmma_fence();
     issue_s(stage);
@@ -380,11 +404,11 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     pass_turn();
     wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
     pin(sc);
-    mbar_arrive(&ring.empty_k[stage]);  // this thread's reads of tile i's K are complete
+    if constexpr (SPLIT) mbar_arrive(&ring.empty_k[stage]);  // tile i's K read
     softmax(i);
     wgmma_wait<0>();
     pin(acc_o);
-    mbar_arrive(&ring.empty_v[prev]);  // and of tile i - 1's V
+    mbar_arrive(&ring.empty_v[prev]);  // tile i - 1's V (its whole stage where not apart) read
     rescale_and_pack();
   }
   // O goes out through the Q buffer unless that would hold a single-buffered persistent Q back
@@ -394,7 +418,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     mbar_arrive(q_empty);  // every score product of this item has landed: Q may be replaced
   }
   const int last = (g + n_tiles - 1) % STAGES;
-  mbar_wait(&ring.full_v[last], ((g + n_tiles - 1) / STAGES) & 1);
+  if constexpr (SPLIT) mbar_wait(&ring.full_v[last], ((g + n_tiles - 1) / STAGES) & 1);
   my_turn();
   wgmma_fence();
   issue_pv(last);
@@ -475,7 +499,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_kernel(const __grid_constant__ FwdTmaParams args) {
   const FwdParams& p = args.p;
   constexpr FwdConfig C = fwd_config(DQK, DV);
-  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
+  constexpr int BM = C.block_m, BN = C.block_n;
   constexpr FwdSmem L = fwd_smem(DQK, DV);
 
   extern __shared__ unsigned char smem_raw[];
@@ -485,8 +509,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
-  const KvRing ring = kv_ring_at<DQK, DV, false>(q_full + 1);  // [4][STAGES]
-  uint64_t* partial = q_full + 1 + 4 * STAGES;  // a partial K/V tile's boxes have landed (producer)
+  const KvRing ring = kv_ring_at<DQK, DV, false>(q_full + 1);
+  // A partial K/V tile's boxes have landed (the producer's).
+  uint64_t* partial = q_full + 1 + fwd_ring_barriers(DQK, DV, false);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
@@ -512,7 +537,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    // ---- Producer: Q once, then K/V tile i into stage i % STAGES as both consumers free its K
+    // ---- Producer: Q once, then K/V tile i into stage i % stages as both consumers free its K
     // and its V, all by TMA (fwd_produce_kv). Q comes whole even past its segment's end: a query
     // row's O depends on that row of Q only, and the rows past the segment are never written
     // (past the tensor's end TMA fills zeros).
@@ -546,7 +571,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_persistent_kernel(const __grid_constant__ FwdTmaParams args) {
   const FwdParams& p = args.p;
   constexpr FwdConfig C = fwd_config(DQK, DV, true);
-  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
+  constexpr int BM = C.block_m, BN = C.block_n;
   constexpr FwdSmem L = fwd_smem(DQK, DV, true);
   constexpr int NQ = L.q_buffers;  // item t's Q in buffer t % NQ
 
@@ -554,8 +579,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   unsigned char* smem = aligned_smem(smem_raw);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);  // [NQ]: a Q tile has landed
   uint64_t* q_empty = q_full + NQ;  // [NQ]: both consumers are done with it (fwd_consume)
-  const KvRing ring = kv_ring_at<DQK, DV, true>(q_empty + NQ);  // [4][STAGES]
-  uint64_t* partial = q_empty + NQ + 4 * STAGES;  // a partial K/V tile's boxes have landed
+  const KvRing ring = kv_ring_at<DQK, DV, true>(q_empty + NQ);
+  // A partial K/V tile's boxes have landed (the producer's).
+  uint64_t* partial = q_empty + NQ + fwd_ring_barriers(DQK, DV, true);
   // The producer's fetched work item index (two slots, alternating).
   int64_t* fetched = reinterpret_cast<int64_t*>(smem + L.slots);  // [2]
 
@@ -607,7 +633,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   if (wg == 0) {
     // ---- Producer: per work item, Q into buffer t % NQ once the consumers are done with item
-    // t - NQ's (that buffer's q_empty), then K/V tile i into stage g % STAGES (g counts the CTA's
+    // t - NQ's (that buffer's q_empty), then K/V tile i into stage g % stages (g counts the CTA's
     // K/V tiles over all its items) as both consumers free its K and its V (fwd_produce_kv). Q
     // goes first, so that it loads while the previous item's tiles run. Q always comes by TMA, even
     // past its segment's end: a query row's O depends on that row of Q only, and the rows past the
