@@ -84,12 +84,13 @@ static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128,
 
 // The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
 // forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
-// (docs/PERFORMANCE.md items 18 and 24; 32k tokens of equal causal documents, Hq 32 / Hkv 8,
-// D 128, forward TFLOP/s, portable against the persistent Hopper forward): 128 tokens 69 / 55,
-// 256 119 / 120, 384 152 / 172, 512 175 / 207, 768 204 / 271. Below 384 a CTA's items have one
-// to three key tiles and the portable kernel is level or ahead. A forced cuda_sm90 runs every
-// problem it supports on the Hopper kernels in both directions.
-constexpr int kAutoMinSeqlenKv = 384;
+// (docs/PERFORMANCE.md item 51, 2026-12-01; 32k tokens of equal causal documents, Hq 32 / Hkv 8,
+// D 128, forward TFLOP/s, portable against the persistent Hopper forward): 32 tokens 9 / 7, 64
+// 31 / 26, 96 50 / 53, 128 85 / 99, 192 94 / 118, 256 145 / 209. Below 96 an item has a single
+// key tile and the portable kernel's lighter start wins. (Items 18 and 43 had put the crossover at
+// 384, before items 47, 49 and 50 made the persistent forward 45% faster on short documents.) A
+// forced cuda_sm90 runs every problem it supports on the Hopper kernels in both directions.
+constexpr int kAutoMinSeqlenKv = 96;
 
 // The Hopper forward's schedule (LaunchShape::item_ctas): 0 for the grid kernel (one CTA per
 // query tile x head, the hardware's block dispatch), or the CTA count of the persistent kernel
