@@ -60,8 +60,7 @@ TEST(PortableSmem, BackwardRegionsAreDisjointAlignedAndInside) {
       for (bool staged : {false, true}) {
         const portable::BwdSmem L = portable::bwd_smem(d.dqk, d.dv, stages, staged);
         const std::string what = "bwd D=" + std::to_string(d.dqk) + "/" + std::to_string(d.dv) +
-                                 " stages=" + std::to_string(stages) +
-                                 (staged ? " dQ staged" : "");
+                                 " stages=" + std::to_string(stages) + (staged ? " dQ staged" : "");
         std::vector<Region> r = {
             {"K", L.k, L.k + size_t(c.block_n) * L.k_pitch * 2},
             {"V", L.v, L.v + size_t(c.block_n) * L.v_pitch * 2},
@@ -117,13 +116,15 @@ TEST(Sm90Smem, ForwardRegionsAreDisjointAlignedAndInside) {
     for (bool persistent : {false, true}) {
       const sm90::FwdConfig c = sm90::fwd_config(d.dqk, d.dv, persistent);
       const sm90::FwdSmem L = sm90::fwd_smem(d.dqk, d.dv, persistent);
-      const std::string what = "sm90 fwd D=" + std::to_string(d.dqk) + "/" +
-                               std::to_string(d.dv) + (persistent ? " persistent" : " grid");
-      std::vector<Region> r = {{"Q buffers", L.q, L.q + L.q_buffers * L.q_stage, 1024},
-                               {"K stages", L.k, L.k + c.stages * L.k_stage, 1024},
-                               {"V stages", L.v, L.v + c.stages * L.v_stage, 1024},
-                               {"mbarriers", L.bars, L.bars + sm90::fwd_barriers(L.q_buffers, c.stages) * 8, 8},
-                               {"work slots", L.slots, L.slots + (2 + L.q_buffers) * 8, 8}};
+      const std::string what = "sm90 fwd D=" + std::to_string(d.dqk) + "/" + std::to_string(d.dv) +
+                               (persistent ? " persistent" : " grid");
+      std::vector<Region> r = {
+          {"Q buffers", L.q, L.q + L.q_buffers * L.q_stage, 1024},
+          {"K stages", L.k, L.k + c.stages * L.k_stage, 1024},
+          {"V stages", L.v, L.v + c.stages * L.v_stage, 1024},
+          {"mbarriers", L.bars, L.bars + sm90::fwd_barriers(d.dqk, d.dv, persistent) * 8, 8},
+          {"fetched indices", L.slots, L.slots + 2 * 8, 8},
+          {"item slots", L.items, L.items + L.q_buffers * sm90::kFwdItemBytes, 8}};
       // Stages are whole swizzle atoms, so every stage of a ring starts 1024-aligned too.
       for (size_t stage : {L.q_stage, L.k_stage, L.v_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
       // The kernel aligns its base up to kSmemAlign inside the allocation: the layout must fit

@@ -84,12 +84,13 @@ static_assert(fwd_config_ok(fwd_config(64, 64)) && fwd_config_ok(fwd_config(128,
 
 // The shortest longest-segment (max_seqlen_kv) for which backend auto/cuda runs the Hopper
 // forward (the Hopper backward runs wherever the path takes the problem). Measured on the H200
-// (docs/PERFORMANCE.md items 18 and 24; 32k tokens of equal causal documents, Hq 32 / Hkv 8,
-// D 128, forward TFLOP/s, portable against the persistent Hopper forward): 128 tokens 69 / 55,
-// 256 119 / 120, 384 152 / 172, 512 175 / 207, 768 204 / 271. Below 384 a CTA's items have one
-// to three key tiles and the portable kernel is level or ahead. A forced cuda_sm90 runs every
-// problem it supports on the Hopper kernels in both directions.
-constexpr int kAutoMinSeqlenKv = 384;
+// (docs/PERFORMANCE.md item 51, 2026-12-01; 32k tokens of equal causal documents, Hq 32 / Hkv 8,
+// D 128, forward TFLOP/s, portable against the persistent Hopper forward): 32 tokens 9 / 7, 64
+// 31 / 26, 96 50 / 53, 128 85 / 99, 192 94 / 118, 256 145 / 209. Below 96 an item has a single
+// key tile and the portable kernel's lighter start wins. (Items 18 and 43 had put the crossover at
+// 384, before items 47, 49 and 50 made the persistent forward 45% faster on short documents.) A
+// forced cuda_sm90 runs every problem it supports on the Hopper kernels in both directions.
+constexpr int kAutoMinSeqlenKv = 96;
 
 // The Hopper forward's schedule (LaunchShape::item_ctas): 0 for the grid kernel (one CTA per
 // query tile x head, the hardware's block dispatch), or the CTA count of the persistent kernel
@@ -214,10 +215,24 @@ struct FwdSmem {
   size_t items;  // and its items handed to the consumers: [q_buffers] of kFwdItemBytes
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-// mbarriers: q_full[q_buffers], q_empty[q_buffers], full[stages], empty[stages], and the
-// producer's own for a partial K/V tile's TMA boxes (it zeroes the rows past the segment after).
-RATTN_HD constexpr int fwd_barriers(int q_buffers, int stages) {
-  return 2 * q_buffers + 2 * stages + 1;
+// K and V of a K/V ring stage on barriers of their own (fwd_kernel.cuh's KvRing: a stage's K is
+// freed once the score products with it have landed, a step before its V): in the persistent
+// kernel, whose items of one to a few tiles wait for their first K at every item. Measured on the
+// H200 (docs/PERFORMANCE.md item 50, D = 128): the persistent kernel's two-stage ring +4.6% on
+// docs_short_32k; the grid kernel's three-stage ring -1.3% on one_doc_16k, so it keeps one pair of
+// barriers per stage.
+RATTN_HD constexpr bool fwd_kv_split(bool persistent) {
+  return persistent;
+}
+// The K/V ring's mbarriers: full and empty per stage, or full_k, full_v, empty_k and empty_v per
+// stage where K and V are apart.
+RATTN_HD constexpr int fwd_ring_barriers(int dqk, int dv, bool persistent) {
+  return (fwd_kv_split(persistent) ? 4 : 2) * fwd_config(dqk, dv, persistent).stages;
+}
+// mbarriers: q_full[q_buffers], q_empty[q_buffers], the K/V ring's, and the producer's own for a
+// partial K/V tile's TMA boxes (it zeroes the rows past the segment after).
+RATTN_HD constexpr int fwd_barriers(int dqk, int dv, bool persistent) {
+  return 2 * fwd_q_buffers(dqk, dv, persistent) + fwd_ring_barriers(dqk, dv, persistent) + 1;
 }
 // The persistent kernel hands each Q buffer's work item to the consumers whole (its segment, rows
 // and key range, as the producer found them): bytes per item slot, at least the kernel's Item.
@@ -233,7 +248,7 @@ RATTN_HD constexpr FwdSmem fwd_smem(int dqk, int dv, bool persistent = false) {
   s.k = s.q + s.q_buffers * s.q_stage;
   s.v = s.k + c.stages * s.k_stage;
   s.bars = s.v + c.stages * s.v_stage;
-  s.slots = s.bars + fwd_barriers(s.q_buffers, c.stages) * 8;
+  s.slots = s.bars + fwd_barriers(dqk, dv, persistent) * 8;
   s.items = s.slots + 2 * 8;
   s.bytes = s.items + s.q_buffers * kFwdItemBytes + kSmemAlign;
   return s;

@@ -54,49 +54,58 @@ struct FwdTmaParams {
   unsigned long long* work_counter;  // items claimed past the first gridDim.x; zero at launch
 };
 
-// The K/V ring's barriers: full[s] completes with the producer warpgroup's 128 arrivals (and the
-// stage's TMA bytes), empty[s] with every consumer thread's.
+// The K/V ring's barriers. Where K and V are apart (config.hpp's fwd_kv_split; FlashAttention-3's
+// two pipelines), a stage's K is free once both consumers' score products with it have landed, a
+// step before its V, whose P V is issued with the next tile's scores, so the producer loads the
+// next K that much earlier: full_k[s] and full_v[s] complete with the producer warpgroup's 128
+// arrivals (and the TMA bytes), empty_k[s] and empty_v[s] with every consumer thread's, four
+// arrays of `stages` barriers from `at`. Otherwise a stage has one full and one empty barrier
+// (two arrays), K and V land and are freed together, and full_v, empty_v name full_k, empty_k:
+// the code below waits and arrives on the V barriers as it does on the K ones only where they are
+// apart. fwd_ring_barriers(...) barriers in all.
+struct KvRing {
+  uint64_t *full_k, *full_v, *empty_k, *empty_v;
+};
 template <int DQK, int DV, bool kPersistent>
-__device__ __forceinline__ void init_kv_ring(uint64_t* full, uint64_t* empty) {
+__device__ __forceinline__ KvRing kv_ring_at(uint64_t* at) {
+  constexpr int S = fwd_config(DQK, DV, kPersistent).stages;
+  if constexpr (fwd_kv_split(kPersistent)) {
+    static_assert(fwd_ring_barriers(DQK, DV, kPersistent) == 4 * S, "four arrays");
+    return KvRing{at, at + S, at + 2 * S, at + 3 * S};
+  } else {
+    static_assert(fwd_ring_barriers(DQK, DV, kPersistent) == 2 * S, "two arrays");
+    return KvRing{at, at, at + S, at + S};
+  }
+}
+template <int DQK, int DV, bool kPersistent>
+__device__ __forceinline__ void init_kv_ring(const KvRing& r) {
   constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   for (int s = 0; s < C.stages; ++s) {
-    mbar_init(&full[s], 128);
-    mbar_init(&empty[s], 128 * C.consumers);
+    mbar_init(&r.full_k[s], 128);
+    mbar_init(&r.empty_k[s], 128 * C.consumers);
+    if constexpr (fwd_kv_split(kPersistent)) {
+      mbar_init(&r.full_v[s], 128);
+      mbar_init(&r.empty_v[s], 128 * C.consumers);
+    }
   }
 }
 
-// The producer's copy of K/V tile rows [n0, n0 + block_n) of KV head hk into stage s, by TMA
-// (thread 0 issues one box per 64-column panel of each tensor): a whole tile completes on
-// `full`'s transaction count; a segment's partial last tile on `partial`, after which the caller
-// runs fwd_zero_partial_kv (rows past the segment may hold anything, NaN included, and P V would
-// carry it into O; rows past the tensor's end arrive as zeros). Returns whether the tile was
-// whole. All 128 producer threads.
+// The producer's copy of K/V tile g, rows [n0, n0 + block_n) of KV head hk, into stage
+// g % stages, by TMA (thread 0 issues one box per 64-column panel of each tensor). A whole tile:
+// where K and V are apart, K once its stage's K is free (empty_k), completing on full_k's
+// transaction count, then V once its V is free (empty_v), on full_v's; otherwise both once the
+// stage is free, on full_k's. A segment's partial last tile: both once both are free, completing
+// on `partial` (its `partial_uses`-th use), after which fwd_zero_partial_kv clears the rows past
+// the segment (they may hold anything, NaN included, and P V would carry it into O; rows past the
+// tensor's end arrive as zeros) before the stage's full barriers. All 128 producer threads arrive
+// on each full barrier, each once its own writes are visible to the async proxy.
 template <int DQK, int DV, bool kPersistent>
-__device__ __forceinline__ bool fwd_load_kv(const FwdTmaParams& args, unsigned char* smem, int s,
-                                            const Segment& seg, int hk, int n0, uint64_t* full,
-                                            uint64_t* partial) {
-  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
-  constexpr int BN = C.block_n;
-  constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
-  unsigned char* k_dst = smem + L.k + s * L.k_stage;
-  unsigned char* v_dst = smem + L.v + s * L.v_stage;
-  const bool whole = seg.len_kv - n0 >= BN;
-  if (threadIdx.x == 0) {
-    uint64_t* boxes = whole ? full : partial;
-    mbar_expect_tx(boxes, uint32_t(L.k_stage + L.v_stage));
-    const int row = int(seg.kv_row0 + n0);
-#pragma unroll
-    for (int panel = 0; panel < DQK / 64; ++panel)
-      tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row, boxes);
-#pragma unroll
-    for (int panel = 0; panel < DV / 64; ++panel)
-      tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row, boxes);
-    if (!whole) mbar_arrive(partial);
-  }
-  return whole;
-}
+__device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigned char* smem,
+                                               const KvRing& ring, int g, const Segment& seg,
+                                               int hk, int n0, uint64_t* partial,
+                                               uint32_t& partial_uses);
 
-// After fwd_load_kv of a partial tile (its `uses`-th use of `partial`): waits for the boxes, then
+// After the boxes of a partial tile (its `uses`-th use of `partial`): waits for them, then
 // the 128 producer threads zero rows [valid, block_n) of each 64-column panel of K and V (a row's
 // 128 bytes in a panel, whatever their swizzled order) with 16-byte stores, and meet at named
 // barrier 4 (the producer's: no thread starts the barrier's next phase before all have seen this
@@ -121,6 +130,70 @@ __device__ __forceinline__ void fwd_zero_partial_kv(unsigned char* smem, int s, 
   named_barrier_sync(4, 128);
 }
 
+template <int DQK, int DV, bool kPersistent>
+__device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigned char* smem,
+                                               const KvRing& ring, int g, const Segment& seg,
+                                               int hk, int n0, uint64_t* partial,
+                                               uint32_t& partial_uses) {
+  constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
+  constexpr int BN = C.block_n, STAGES = C.stages;
+  constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
+  const int s = g % STAGES;
+  const uint32_t freed = ((g / STAGES) - 1) & 1;  // the phase the consumers' release completes
+  unsigned char* k_dst = smem + L.k + s * L.k_stage;
+  unsigned char* v_dst = smem + L.v + s * L.v_stage;
+  const int row = int(seg.kv_row0 + n0);
+  auto load_k = [&](uint64_t* boxes) {
+#pragma unroll
+    for (int panel = 0; panel < DQK / 64; ++panel)
+      tma_load_3d(k_dst + panel * BN * kSwizzleBytes, &args.k_map, panel * 64, hk, row, boxes);
+  };
+  auto load_v = [&](uint64_t* boxes) {
+#pragma unroll
+    for (int panel = 0; panel < DV / 64; ++panel)
+      tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row, boxes);
+  };
+  constexpr bool SPLIT = fwd_kv_split(kPersistent);
+  if (seg.len_kv - n0 >= BN) {
+    if (g >= STAGES) mbar_wait(&ring.empty_k[s], freed);
+    if constexpr (SPLIT) {
+      if (threadIdx.x == 0) {
+        mbar_expect_tx(&ring.full_k[s], uint32_t(L.k_stage));
+        load_k(&ring.full_k[s]);
+      }
+      mbar_arrive(&ring.full_k[s]);
+      if (g >= STAGES) mbar_wait(&ring.empty_v[s], freed);
+      if (threadIdx.x == 0) {
+        mbar_expect_tx(&ring.full_v[s], uint32_t(L.v_stage));
+        load_v(&ring.full_v[s]);
+      }
+      mbar_arrive(&ring.full_v[s]);
+    } else {
+      if (threadIdx.x == 0) {
+        mbar_expect_tx(&ring.full_k[s], uint32_t(L.k_stage + L.v_stage));
+        load_k(&ring.full_k[s]);
+        load_v(&ring.full_k[s]);
+      }
+      mbar_arrive(&ring.full_k[s]);
+    }
+    return;
+  }
+  if (g >= STAGES) {
+    mbar_wait(&ring.empty_k[s], freed);
+    if constexpr (SPLIT) mbar_wait(&ring.empty_v[s], freed);
+  }
+  if (threadIdx.x == 0) {
+    mbar_expect_tx(partial, uint32_t(L.k_stage + L.v_stage));
+    load_k(partial);
+    load_v(partial);
+    mbar_arrive(partial);
+  }
+  fwd_zero_partial_kv<DQK, DV, kPersistent>(smem, s, seg.len_kv - n0, partial, partial_uses++);
+  fence_proxy_async_smem();  // the zeroed rows, visible to wgmma
+  mbar_arrive(&ring.full_k[s]);
+  if constexpr (SPLIT) mbar_arrive(&ring.full_v[s]);
+}
+
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
 // head h) with Q in shared memory (Q buffer q_buf): the key loop over the item's K/V tiles, which
 // are the CTA's K/V tiles g, g + 1, ... (stage (g + i) % STAGES), then O and LSE. kPersistent: the
@@ -132,11 +205,11 @@ __device__ __forceinline__ void fwd_zero_partial_kv(unsigned char* smem, int s, 
 template <class T, int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* smem,
                                            const portable::QueryTileWork& w, int h, int g,
-                                           int q_buf, uint64_t* full, uint64_t* empty,
-                                           uint64_t* q_empty) {
+                                           int q_buf, const KvRing& ring, uint64_t* q_empty) {
   constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
-  constexpr int NF = BN / 8;  // n8 fragments of a score row block
+  constexpr bool SPLIT = fwd_kv_split(kPersistent);  // K and V on barriers of their own
+  constexpr int NF = BN / 8;                         // n8 fragments of a score row block
   constexpr int OF = DV / 8;  // n8 fragments of the output row block (one m64nDV accumulator)
   constexpr int KSTEPS = DQK / 16;
   constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
@@ -307,18 +380,21 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     }
   };
   if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
-  mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
+  mbar_wait(&ring.full_k[g % STAGES], (g / STAGES) & 1);
   my_turn();
   wgmma_fence();
   issue_s(g % STAGES);
   wgmma_commit();
   pass_turn();
   wait_products();
+  // This thread's reads of tile 0's K are complete (where K has barriers of its own).
+  if constexpr (SPLIT) mbar_arrive(&ring.empty_k[g % STAGES]);
   softmax(0);
   rescale_and_pack();
   for (int i = 1; i < n_tiles; ++i) {
     const int gi = g + i, stage = gi % STAGES, prev = (gi - 1) % STAGES;
-    mbar_wait(&full[stage], (gi / STAGES) & 1);
+    mbar_wait(&ring.full_k[stage], (gi / STAGES) & 1);
+    if constexpr (SPLIT) mbar_wait(&ring.full_v[prev], ((gi - 1) / STAGES) & 1);
     my_turn();
     wgmma_fence();
     issue_s(stage);
@@ -328,10 +404,11 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     pass_turn();
     wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
     pin(sc);
+    if constexpr (SPLIT) mbar_arrive(&ring.empty_k[stage]);  // tile i's K read
     softmax(i);
     wgmma_wait<0>();
     pin(acc_o);
-    mbar_arrive(&empty[prev]);  // this thread's reads of tile i - 1's stage are complete
+    mbar_arrive(&ring.empty_v[prev]);  // tile i - 1's V (its whole stage where not apart) read
     rescale_and_pack();
   }
   // O goes out through the Q buffer unless that would hold a single-buffered persistent Q back
@@ -341,6 +418,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     mbar_arrive(q_empty);  // every score product of this item has landed: Q may be replaced
   }
   const int last = (g + n_tiles - 1) % STAGES;
+  if constexpr (SPLIT) mbar_wait(&ring.full_v[last], ((g + n_tiles - 1) / STAGES) & 1);
   my_turn();
   wgmma_fence();
   issue_pv(last);
@@ -348,7 +426,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
   wgmma_wait<0>();
   pin(acc_o);
-  mbar_arrive(&empty[last]);
+  mbar_arrive(&ring.empty_v[last]);
 
   // Epilogue: LSE in natural log; O normalized, then (kStageO) staged in this consumer's 64 rows
   // of the Q buffer (its score products have all landed, and the other consumer reads only its
@@ -421,7 +499,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_kernel(const __grid_constant__ FwdTmaParams args) {
   const FwdParams& p = args.p;
   constexpr FwdConfig C = fwd_config(DQK, DV);
-  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
+  constexpr int BM = C.block_m, BN = C.block_n;
   constexpr FwdSmem L = fwd_smem(DQK, DV);
 
   extern __shared__ unsigned char smem_raw[];
@@ -431,9 +509,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
-  uint64_t* full = q_full + 1;         // [STAGES]: a K/V tile has landed (producer arrivals)
-  uint64_t* empty = full + STAGES;     // [STAGES]: both consumers are done with a stage
-  uint64_t* partial = empty + STAGES;  // a partial K/V tile's boxes have landed (producer)
+  const KvRing ring = kv_ring_at<DQK, DV, false>(q_full + 1);
+  // A partial K/V tile's boxes have landed (the producer's).
+  uint64_t* partial = q_full + 1 + fwd_ring_barriers(DQK, DV, false);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
@@ -453,19 +531,16 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   if (tid == 0) {
     mbar_init(q_full, 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
-    init_kv_ring<DQK, DV, false>(full, empty);
+    init_kv_ring<DQK, DV, false>(ring);
     mbar_init(partial, 1);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
-    // ---- Producer: Q once, then K/V tile i into stage i % STAGES once both consumers freed it,
-    // all by TMA (fwd_load_kv; a segment's partial last K/V tile's rows past the segment zeroed
-    // after, fwd_zero_partial_kv). Q comes whole even past its segment's end: a query row's O
-    // depends on that row of Q only, and the rows past the segment are never written (past the
-    // tensor's end TMA fills zeros). Every thread arrives on a stage's barrier once its own
-    // writes are visible to the async proxy, so it completes when all 128 threads and the TMA
-    // bytes are in.
+    // ---- Producer: Q once, then K/V tile i into stage i % stages as both consumers free its K
+    // and its V, all by TMA (fwd_produce_kv). Q comes whole even past its segment's end: a query
+    // row's O depends on that row of Q only, and the rows past the segment are never written
+    // (past the tensor's end TMA fills zeros).
     regs_dealloc<C.producer_regs>();
     if (tid == 0) {
       mbar_expect_tx(q_full, uint32_t(tile_bytes(BM, DQK)));
@@ -477,15 +552,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     }
     uint32_t partial_uses = 0;
     for (int i = 0; i < n_tiles; ++i) {
-      const int s = i % STAGES;
-      if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
-      const int n0 = (n_first + i) * BN;
-      const bool whole = fwd_load_kv<DQK, DV, false>(args, smem, s, seg, hk, n0, &full[s], partial);
-      if (!whole) {
-        fwd_zero_partial_kv<DQK, DV, false>(smem, s, seg.len_kv - n0, partial, partial_uses++);
-      }
-      if (!whole) fence_proxy_async_smem();  // the zeroed rows, visible to wgmma
-      mbar_arrive(&full[s]);
+      fwd_produce_kv<DQK, DV, false>(args, smem, ring, i, seg, hk, (n_first + i) * BN, partial,
+                                     partial_uses);
     }
     return;
   }
@@ -493,7 +561,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // ---- Consumers: 64 query rows each.
   regs_alloc<C.consumer_regs>();
   mbar_wait(q_full, 0);
-  fwd_consume<T, DQK, DV, false>(p, smem, w, h, 0, 0, full, empty, nullptr);
+  fwd_consume<T, DQK, DV, false>(p, smem, w, h, 0, 0, ring, nullptr);
 }
 
 // One CTA per SM (or per item, where there are fewer items): items from blockIdx.x, then from
@@ -503,17 +571,17 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_persistent_kernel(const __grid_constant__ FwdTmaParams args) {
   const FwdParams& p = args.p;
   constexpr FwdConfig C = fwd_config(DQK, DV, true);
-  constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
+  constexpr int BM = C.block_m, BN = C.block_n;
   constexpr FwdSmem L = fwd_smem(DQK, DV, true);
   constexpr int NQ = L.q_buffers;  // item t's Q in buffer t % NQ
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);  // [NQ]: a Q tile has landed
-  uint64_t* q_empty = q_full + NQ;     // [NQ]: both consumers are done with it (fwd_consume)
-  uint64_t* full = q_empty + NQ;       // [STAGES]: a K/V tile has landed (producer arrivals)
-  uint64_t* empty = full + STAGES;     // [STAGES]: both consumers are done with a stage
-  uint64_t* partial = empty + STAGES;  // a partial K/V tile's boxes have landed (producer)
+  uint64_t* q_empty = q_full + NQ;  // [NQ]: both consumers are done with it (fwd_consume)
+  const KvRing ring = kv_ring_at<DQK, DV, true>(q_empty + NQ);
+  // A partial K/V tile's boxes have landed (the producer's).
+  uint64_t* partial = q_empty + NQ + fwd_ring_barriers(DQK, DV, true);
   // The producer's fetched work item index (two slots, alternating).
   int64_t* fetched = reinterpret_cast<int64_t*>(smem + L.slots);  // [2]
 
@@ -558,21 +626,18 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       mbar_init(&q_full[b], 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
       mbar_init(&q_empty[b], 128 * C.consumers);
     }
-    init_kv_ring<DQK, DV, true>(full, empty);
+    init_kv_ring<DQK, DV, true>(ring);
     mbar_init(partial, 1);
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
   if (wg == 0) {
     // ---- Producer: per work item, Q into buffer t % NQ once the consumers are done with item
-    // t - NQ's (that buffer's q_empty), then K/V tile i into stage g % STAGES (g counts the CTA's
-    // K/V tiles over all its items) once both consumers freed it. Q goes first, so that it loads
-    // while the previous item's tiles run. K/V tiles come by TMA (fwd_load_kv; a segment's partial
-    // last tile's rows past the segment zeroed after, fwd_zero_partial_kv). Every thread arrives
-    // once its own writes are visible to the async proxy, so a stage's barrier completes when all
-    // 128 threads and the TMA bytes are in. Q always comes by TMA, even past its segment's end: a
-    // query row's O depends on that row of Q only, and the rows past the segment are never
-    // written (past the tensor's end TMA fills zeros).
+    // t - NQ's (that buffer's q_empty), then K/V tile i into stage g % stages (g counts the CTA's
+    // K/V tiles over all its items) as both consumers free its K and its V (fwd_produce_kv). Q
+    // goes first, so that it loads while the previous item's tiles run. Q always comes by TMA, even
+    // past its segment's end: a query row's O depends on that row of Q only, and the rows past the
+    // segment are never written (past the tensor's end TMA fills zeros).
     regs_dealloc<C.producer_regs>();
     const int ptid = tid;
     int g = 0;                  // K/V tiles loaded by this CTA so far
@@ -618,16 +683,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       const int n_first = it.w.key_lo / BN;
       const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
       for (int i = 0; i < n_tiles; ++i, ++g) {
-        const int s = g % STAGES;
-        if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
-        const int n0 = (n_first + i) * BN;
-        const bool whole =
-            fwd_load_kv<DQK, DV, true>(args, smem, s, seg, hk, n0, &full[s], partial);
-        if (!whole) {
-          fwd_zero_partial_kv<DQK, DV, true>(smem, s, seg.len_kv - n0, partial, partial_uses++);
-          fence_proxy_async_smem();
-        }
-        mbar_arrive(&full[s]);
+        fwd_produce_kv<DQK, DV, true>(args, smem, ring, g, seg, hk, (n_first + i) * BN, partial,
+                                      partial_uses);
       }
     }
     // No more work: the consumers find an invalid item with the next Q "tile".
@@ -652,7 +709,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       mbar_arrive(&q_empty[b]);
       continue;
     }
-    g += fwd_consume<T, DQK, DV, true>(p, smem, it.w, it.h, g, b, full, empty, &q_empty[b]);
+    g += fwd_consume<T, DQK, DV, true>(p, smem, it.w, it.h, g, b, ring, &q_empty[b]);
   }
 }
 
