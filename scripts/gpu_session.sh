@@ -113,8 +113,11 @@ lens, causal = WORKLOADS['$wl']; print(','.join(map(str, lens)), '--causal' if c
       step pip_install 300 python3 -m pip install --no-build-isolation --no-deps "$repo" \
         -C cmake.define.RATTN_PYTHON_PREBUILT_LIBRARY="$build/src/libraggedattn.so" \
         -C cmake.define.RATTN_CUDA=OFF
-      # PYTEST_ARGS (say -k "cuda or gpu") narrows the run.
-      step pytest 480 env -C /tmp python3 -m pytest -q -rs ${PYTEST_ARGS:-} "$repo/tests/python" ;;
+      # PYTEST_ARGS (say -k "cuda or gpu") narrows the run. Each test's name is printed before it
+      # runs (-v), and a test still running after 60 s dumps every thread's stack (pytest's
+      # faulthandler_timeout), so a step that ends at its limit shows which test and where.
+      step pytest 480 env -C /tmp python3 -m pytest -v -rs -o faulthandler_timeout=60 \
+        ${PYTEST_ARGS:-} "$repo/tests/python" ;;
     ab)
       libs=""
       for spec in ${AB_LIBS:?set AB_LIBS}; do
