@@ -74,6 +74,16 @@ std::vector<CaseSpec> named_suite(int32_t hq, int32_t hkv) {
     s.push_back(c);
   }
   {
+    // GQA with a group that is not a power of two (three query heads per KV head), padded THD,
+    // short causal segments at D = 64: the shape of the JAX tests' padded_causal_gqa case, which
+    // the random suites (eight query heads) never drew.
+    CaseSpec c = causal("gqa3_padded_d64", {11, 3, 25}, 3 * hkv, hkv);
+    c.dqk = c.dv = 64;
+    c.padded = true;
+    c.nan_padding = true;
+    s.push_back(c);
+  }
+  {
     CaseSpec c = causal("sliding_window", {256, 100, 77}, hq, hkv);
     c.window_left = 64;
     c.window_right = 0;

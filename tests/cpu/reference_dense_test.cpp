@@ -70,10 +70,11 @@ TEST(NamedSuite, CoversTheIssue) {
     }
     return nullptr;
   };
-  for (const char* n : {"gqa_causal_256", "gqa_causal_100_80_76", "gqa_causal_128x2",
-                        "gqa_causal_64x4", "gqa_causal_200_56", "gqa_causal_103_77_61", "pack_2044",
-                        "mqa", "d192_dv128", "d64", "d256", "cross_bottom_right", "zero_length",
-                        "padded_thd", "sliding_window", "non_causal", "softcap"}) {
+  for (const char* n :
+       {"gqa_causal_256", "gqa_causal_100_80_76", "gqa_causal_128x2", "gqa_causal_64x4",
+        "gqa_causal_200_56", "gqa_causal_103_77_61", "pack_2044", "mqa", "d192_dv128", "d64",
+        "d256", "cross_bottom_right", "zero_length", "padded_thd", "gqa3_padded_d64",
+        "sliding_window", "non_causal", "softcap"}) {
     ASSERT_NE(find(n), nullptr) << n;
   }
   int total = 0;
@@ -83,6 +84,8 @@ TEST(NamedSuite, CoversTheIssue) {
   EXPECT_EQ(find("gqa_causal_256")->hq, 32);
   EXPECT_EQ(find("gqa_causal_256")->hkv, 8);
   EXPECT_TRUE(find("padded_thd")->padded);
+  EXPECT_EQ(find("gqa3_padded_d64")->hq, 3 * find("gqa3_padded_d64")->hkv);
+  EXPECT_TRUE(find("gqa3_padded_d64")->padded);
   EXPECT_EQ(find("cross_bottom_right")->alignment, RATTN_ALIGN_BOTTOM_RIGHT);
   EXPECT_NE(find("cross_bottom_right")->seqlens_kv, find("cross_bottom_right")->seqlens_q);
   bool one = false, zero = false, odd = false;
