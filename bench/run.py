@@ -178,6 +178,18 @@ def main():
         print("chart skipped:", e)
 
 
+def rate_cell(r, d):
+    """A direction's TFLOP/s for the table: the median, and where several processes ran the
+    variant (--processes), their range after it, so a table shows the spread between processes
+    that one process's median cannot."""
+    cell = f"{r[f'{d}_tflops']:.0f}"
+    runs = r.get(f"{d}_ms_runs")
+    if runs and len(runs) > 1:
+        rate_ms = r[f"{d}_tflops"] * r[f"{d}_ms"]  # TFLOP/s times ms: the same for every run
+        cell += f" ({rate_ms / max(runs):.0f}–{rate_ms / min(runs):.0f})"
+    return cell
+
+
 def table(report):
     impls = []
     for row in report["workloads"].values():
@@ -197,7 +209,7 @@ def table(report):
             elif "error" in r:
                 cells.append("error")
             else:
-                cells.append(f"{r['fwd_tflops']:.0f} / {r['bwd_tflops']:.0f}")
+                cells.append(f"{rate_cell(r, 'fwd')} / {rate_cell(r, 'bwd')}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -37,3 +37,13 @@ def test_one_run_is_itself_and_an_error_wins():
     assert run.combine_runs([one]) == one
     err = {"error": "make_plan: ..."}
     assert run.combine_runs([one, err, one]) == err
+
+
+def test_table_shows_the_range_over_processes():
+    several = run.combine_runs([_result(2.0, 8.2), _result(1.0, 7.6), _result(4.0, 8.0)])
+    report = {"date": "d", "meta": {}, "workloads": {"w": {"ours": several,
+                                                           "one": _result(2.0, 8.0)}}}
+    row = [line for line in run.table(report).splitlines() if line.startswith("| w |")][0]
+    # fwd: 1e12 FLOP over 2.0 ms (median), 4.0 and 1.0 ms (slowest, fastest process).
+    assert "| 500 (250–1000) / 312 (305–329) |" in row
+    assert row.endswith("| 500 / 312 |")
