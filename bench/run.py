@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workloads import D, HKV, HQ, WORKLOADS, bwd_flops, fwd_flops  # noqa: E402
@@ -31,23 +32,58 @@ ANCHOR_KEYS = {
 }
 
 
+def sm_clock_mhz():
+    """The GPU's current SM clock from nvidia-smi, or None where it cannot be read."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=5)
+        return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.split() else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def clock_summary(samples):
+    """The SM clock samples taken while one process ran: median, min and max (MHz), or {}."""
+    if not samples:
+        return {}
+    xs = sorted(samples)
+    return {"sm_mhz_median": xs[len(xs) // 2], "sm_mhz_min": xs[0], "sm_mhz_max": xs[-1],
+            "sm_mhz_samples": len(xs)}
+
+
 def run_ours(cli, lens, causal, variant_args, repeat, env=None):
+    """One process of `raggedattn bench`: its times and rates, and the SM clock sampled while it
+    ran (the same kernels measure up to 9% apart from one process to the next; the clocks say
+    whether the GPU ran slower, PERFORMANCE.md)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
                "--dim", str(D), "--dtype", "bf16", "--repeat", str(repeat), "--json", out]
         cmd += ["--causal"] if causal else []
         cmd += variant_args
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            return {"error": (r.stderr or r.stdout)[-400:]}
+        log = os.path.join(tmp, "log.txt")
+        with open(log, "w") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, text=True, env=env)
+            clocks = []
+            while proc.poll() is None:
+                c = sm_clock_mhz()
+                if c is None:
+                    proc.wait()
+                    break
+                clocks.append(c)
+                time.sleep(0.25)  # a few samples a second: nvidia-smi itself stays out of the way
+        if proc.returncode != 0:
+            with open(log) as f:
+                return {"error": f.read()[-400:]}
         with open(out) as f:
             res = json.load(f)
     fwd_ms, bwd_ms = float(res["fwd_ms"]), float(res["bwd_ms"])
-    return {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
-            "fwd_tflops": fwd_flops(lens, causal) / fwd_ms / 1e9,
-            "bwd_tflops": bwd_flops(lens, causal) / bwd_ms / 1e9,
-            "path": res.get("path", "")}
+    r = {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
+         "fwd_tflops": fwd_flops(lens, causal) / fwd_ms / 1e9,
+         "bwd_tflops": bwd_flops(lens, causal) / bwd_ms / 1e9,
+         "path": res.get("path", "")}
+    r.update(clock_summary(clocks))
+    return r
 
 
 def combine_runs(runs):
@@ -66,6 +102,8 @@ def combine_runs(runs):
         return xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
 
     out = dict(runs[0])
+    if all("sm_mhz_median" in r for r in runs):
+        out["sm_mhz_runs"] = [r["sm_mhz_median"] for r in runs]  # each process's median clock
     for d in ("fwd", "bwd"):
         times = [r[f"{d}_ms"] for r in runs]
         out[f"{d}_ms"] = median(times)

@@ -47,3 +47,14 @@ def test_table_shows_the_range_over_processes():
     # fwd: 1e12 FLOP over 2.0 ms (median), 4.0 and 1.0 ms (slowest, fastest process).
     assert "| 500 (250–1000) / 312 (305–329) |" in row
     assert row.endswith("| 500 / 312 |")
+
+
+def test_clock_summary_and_per_process_clocks():
+    assert run.clock_summary([]) == {}
+    c = run.clock_summary([1980, 1755, 1980, 1830])
+    assert (c["sm_mhz_median"], c["sm_mhz_min"], c["sm_mhz_max"]) == (1980, 1755, 1980)
+    assert c["sm_mhz_samples"] == 4
+    runs = [dict(_result(2.0, 8.0), **run.clock_summary([1980])),
+            dict(_result(2.2, 8.0), **run.clock_summary([1755]))]
+    assert run.combine_runs(runs)["sm_mhz_runs"] == [1980, 1755]
+    assert "sm_mhz_runs" not in run.combine_runs([_result(2.0, 8.0), _result(2.2, 8.0)])
