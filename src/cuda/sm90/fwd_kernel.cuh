@@ -90,21 +90,6 @@ __device__ __forceinline__ void init_kv_ring(const KvRing& r) {
   }
 }
 
-// The producer's copy of K/V tile g, rows [n0, n0 + block_n) of KV head hk, into stage
-// g % stages, by TMA (thread 0 issues one box per 64-column panel of each tensor). A whole tile:
-// where K and V are apart, K once its stage's K is free (empty_k), completing on full_k's
-// transaction count, then V once its V is free (empty_v), on full_v's; otherwise both once the
-// stage is free, on full_k's. A segment's partial last tile: both once both are free, completing
-// on `partial` (its `partial_uses`-th use), after which fwd_zero_partial_kv clears the rows past
-// the segment (they may hold anything, NaN included, and P V would carry it into O; rows past the
-// tensor's end arrive as zeros) before the stage's full barriers. All 128 producer threads arrive
-// on each full barrier, each once its own writes are visible to the async proxy.
-template <int DQK, int DV, bool kPersistent>
-__device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigned char* smem,
-                                               const KvRing& ring, int g, const Segment& seg,
-                                               int hk, int n0, uint64_t* partial,
-                                               uint32_t& partial_uses);
-
 // After the boxes of a partial tile (its `uses`-th use of `partial`): waits for them, then
 // the 128 producer threads zero rows [valid, block_n) of each 64-column panel of K and V (a row's
 // 128 bytes in a panel, whatever their swizzled order) with 16-byte stores, and meet at named
@@ -130,6 +115,15 @@ __device__ __forceinline__ void fwd_zero_partial_kv(unsigned char* smem, int s, 
   named_barrier_sync(4, 128);
 }
 
+// The producer's copy of K/V tile g, rows [n0, n0 + block_n) of KV head hk, into stage
+// g % stages, by TMA (thread 0 issues one box per 64-column panel of each tensor). A whole tile:
+// where K and V are apart, K once its stage's K is free (empty_k), completing on full_k's
+// transaction count, then V once its V is free (empty_v), on full_v's; otherwise both once the
+// stage is free, on full_k's. A segment's partial last tile: both once both are free, completing
+// on `partial` (its `partial_uses`-th use), after which fwd_zero_partial_kv clears the rows past
+// the segment (they may hold anything, NaN included, and P V would carry it into O; rows past the
+// tensor's end arrive as zeros) before the stage's full barriers. All 128 producer threads arrive
+// on each full barrier, each once its own writes are visible to the async proxy.
 template <int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigned char* smem,
                                                const KvRing& ring, int g, const Segment& seg,
@@ -226,8 +220,8 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   const uint32_t v_addr = portable::smem_addr(smem + L.v);
   const Segment seg = w.seg;
   const int m0 = w.m0, rows = w.rows;
-  const int n_first = w.key_lo / BN;
-  const int n_tiles = (w.key_hi - 1) / BN - n_first + 1;
+  const TileSpan kt = portable::key_tiles<BN>(w);
+  const int n_first = kt.first, n_tiles = kt.count;
   T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
   float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
   const int64_t o_stride = p.o_layout.token_stride;
@@ -526,8 +520,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     portable::write_unseen_tile<T, DV>(p, w, h, tid, kFwdThreads);
     return;
   }
-  const int n_first = key_lo / BN;
-  const int n_tiles = (key_hi - 1) / BN - n_first + 1;
+  const TileSpan kt = portable::key_tiles<BN>(w);
+  const int n_first = kt.first, n_tiles = kt.count;
 
   if (tid == 0) {
     mbar_init(q_full, 1);  // thread 0 of the producer (and the Q tile's TMA bytes)
@@ -680,10 +674,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       }
       ++t;
       if (!seen) continue;
-      const int n_first = it.w.key_lo / BN;
-      const int n_tiles = (it.w.key_hi - 1) / BN - n_first + 1;
-      for (int i = 0; i < n_tiles; ++i, ++g) {
-        fwd_produce_kv<DQK, DV, true>(args, smem, ring, g, seg, hk, (n_first + i) * BN, partial,
+      const TileSpan kt = portable::key_tiles<BN>(it.w);
+      for (int i = 0; i < kt.count; ++i, ++g) {
+        fwd_produce_kv<DQK, DV, true>(args, smem, ring, g, seg, hk, (kt.first + i) * BN, partial,
                                       partial_uses);
       }
     }
