@@ -237,11 +237,32 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
 
   uint32_t a[BN / 16][4];  // P of the current tile, the register A operand of P V
   float sc[NF][4];
+  // The keys of tile i that this consumer's rows see, counted from the tile's first key: BN for a
+  // tile inside the band of every row, less on the tile where the band ends (causal: the diagonal
+  // tile, of whose 128 keys consumer 0's rows see at most the first 64), 0 where the consumer has
+  // no row inside the segment (a segment's last tile of at most 64 rows) or its rows' band starts
+  // past the tile. The products then skip what no row of the consumer sees: S_i is an m64n64
+  // product where at most 64 keys are seen (its other 64 scores are masked, whatever their
+  // registers hold) and none where 0, P_i V_i has one k-step per 16 keys seen. Both ends of the
+  // band are non-decreasing in the row (mask.hpp), so the consumer's first row bounds its start
+  // and its last row inside the segment its end. Uniform over the warpgroup.
+  const int cw_rows = min(64, rows - cw * 64);
+  int cw_lo = 0, cw_hi = 0;
+  if (cw_rows > 0) {
+    cw_lo = p.mask.key_begin(m0 + cw * 64, seg.len_q, seg.len_kv);
+    cw_hi = p.mask.key_end(m0 + cw * 64 + cw_rows - 1, seg.len_q, seg.len_kv);
+  }
+  auto tile_keys = [&](int i) {
+    const int n0 = (n_first + i) * BN;
+    return cw_lo >= n0 + BN ? 0 : max(0, min(BN, cw_hi - n0));
+  };
   // Each product makes one descriptor per operand and advances it per k-step (desc_advance).
-  auto issue_pv = [&](int stage) {
+  auto issue_pv = [&](int stage, int keys) {
     const uint64_t v_desc = desc_mn_major(v_addr + stage * uint32_t(L.v_stage), BN * kSwizzleBytes);
+    const int ksteps = (keys + 15) / 16;
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
+      if (kc >= ksteps) break;
       const uint64_t db = desc_advance(v_desc, kc * 16 * kSwizzleBytes);
       if constexpr (DV == 256) {
         rs_m64n256k16_tb<T>(acc_o, a[kc], db, 1);
@@ -252,7 +273,16 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
       }
     }
   };
-  auto issue_s = [&](int stage) {
+  // The scores a narrower product leaves out are set (to -inf, as the mask would) rather than left
+  // holding the previous tile's registers, which would keep those alive across the product.
+  auto issue_s = [&](int stage, int keys) {
+    if (keys <= 64) {
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+        if ((BN == 128 && f >= NF / 2) || keys == 0)
+          sc[f][0] = sc[f][1] = sc[f][2] = sc[f][3] = -INFINITY;
+    }
+    if (keys == 0) return;
     uint32_t q_base = q_addr;
     if constexpr (kPersistent || DQK > 128) {
       // Opaque past D = 128 (and in the persistent kernel): otherwise the compiler keeps the
@@ -267,10 +297,10 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
       const uint64_t da = desc_advance(q_desc, panel * BM * kSwizzleBytes + within);
       const uint64_t db = desc_advance(k_desc, panel * BN * kSwizzleBytes + within);
-      if constexpr (BN == 128) {
-        ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+      if (BN == 128 && keys > 64) {
+        ss_m64n128k16<T>(*reinterpret_cast<float(*)[16][4]>(&sc[0]), da, db, kk > 0 ? 1 : 0);
       } else {
-        ss_m64n64k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+        ss_m64n64k16<T>(*reinterpret_cast<float(*)[8][4]>(&sc[0]), da, db, kk > 0 ? 1 : 0);
       }
     }
   };
@@ -377,7 +407,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   mbar_wait(&ring.full_k[g % STAGES], (g / STAGES) & 1);
   my_turn();
   wgmma_fence();
-  issue_s(g % STAGES);
+  issue_s(g % STAGES, tile_keys(0));
   wgmma_commit();
   pass_turn();
   wait_products();
@@ -391,9 +421,9 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     if constexpr (SPLIT) mbar_wait(&ring.full_v[prev], ((gi - 1) / STAGES) & 1);
     my_turn();
     wgmma_fence();
-    issue_s(stage);
+    issue_s(stage, tile_keys(i));
     wgmma_commit();
-    issue_pv(prev);
+    issue_pv(prev, tile_keys(i - 1));
     wgmma_commit();
     pass_turn();
     wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
@@ -415,7 +445,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   if constexpr (SPLIT) mbar_wait(&ring.full_v[last], ((g + n_tiles - 1) / STAGES) & 1);
   my_turn();
   wgmma_fence();
-  issue_pv(last);
+  issue_pv(last, tile_keys(n_tiles - 1));
   wgmma_commit();
   if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
   wgmma_wait<0>();
