@@ -237,29 +237,24 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
 
   uint32_t a[BN / 16][4];  // P of the current tile, the register A operand of P V
   float sc[NF][4];
-  // The keys of tile i that this consumer's rows see, counted from the tile's first key: BN for a
-  // tile inside the band of every row, less on the tile where the band ends (causal: the diagonal
-  // tile, of whose 128 keys consumer 0's rows see at most the first 64), 0 where the consumer has
-  // no row inside the segment (a segment's last tile of at most 64 rows) or its rows' band starts
-  // past the tile. The products then skip what no row of the consumer sees: S_i is an m64n64
-  // product where at most 64 keys are seen (its other 64 scores are masked, whatever their
-  // registers hold) and none where 0, P_i V_i has one k-step per 16 keys seen. Both ends of the
-  // band are non-decreasing in the row (mask.hpp), so the consumer's first row bounds its start
-  // and its last row inside the segment its end. Uniform over the warpgroup.
+  // This consumer's rows inside the segment (none: a segment's last tile of at most 64 rows, for
+  // consumer 1) and, on the item's last key tile, the keys its rows see from the tile's first key
+  // (causal: consumer 0 sees at most the first 64 keys of the diagonal tile). Both ends of the
+  // mask's band are non-decreasing in the row (mask.hpp), so the consumer's last row inside the
+  // segment bounds them. Uniform over the warpgroup.
   const int cw_rows = min(64, rows - cw * 64);
-  int cw_lo = 0, cw_hi = 0;
-  if (cw_rows > 0) {
-    cw_lo = p.mask.key_begin(m0 + cw * 64, seg.len_q, seg.len_kv);
-    cw_hi = p.mask.key_end(m0 + cw * 64 + cw_rows - 1, seg.len_q, seg.len_kv);
-  }
-  auto tile_keys = [&](int i) {
-    const int n0 = (n_first + i) * BN;
-    return cw_lo >= n0 + BN ? 0 : max(0, min(BN, cw_hi - n0));
-  };
+  const int last_keys =
+      cw_rows > 0
+          ? max(0, min(BN, p.mask.key_end(m0 + cw * 64 + cw_rows - 1, seg.len_q, seg.len_kv) -
+                               (n_first + n_tiles - 1) * BN))
+          : 0;
   // Each product makes one descriptor per operand and advances it per k-step (desc_advance).
-  auto issue_pv = [&](int stage, int keys) {
+  // P V with its first `ksteps` k-steps of 16 keys (the keys past them have P = 0). Only the last
+  // P V, a wgmma stage of its own, takes fewer than all: a k-step count chosen at run time inside
+  // the loop's stage (or a narrower S) made ptxas serialize the wgmmas (C7515).
+  constexpr int kAllKsteps = BN / 16;
+  auto issue_pv = [&](int stage, int ksteps) {
     const uint64_t v_desc = desc_mn_major(v_addr + stage * uint32_t(L.v_stage), BN * kSwizzleBytes);
-    const int ksteps = (keys + 15) / 16;
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
       if (kc >= ksteps) break;
@@ -273,16 +268,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
       }
     }
   };
-  // The scores a narrower product leaves out are set (to -inf, as the mask would) rather than left
-  // holding the previous tile's registers, which would keep those alive across the product.
-  auto issue_s = [&](int stage, int keys) {
-    if (keys <= 64) {
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-        if ((BN == 128 && f >= NF / 2) || keys == 0)
-          sc[f][0] = sc[f][1] = sc[f][2] = sc[f][3] = -INFINITY;
-    }
-    if (keys == 0) return;
+  auto issue_s = [&](int stage) {
     uint32_t q_base = q_addr;
     if constexpr (kPersistent || DQK > 128) {
       // Opaque past D = 128 (and in the persistent kernel): otherwise the compiler keeps the
@@ -297,10 +283,10 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
       const uint64_t da = desc_advance(q_desc, panel * BM * kSwizzleBytes + within);
       const uint64_t db = desc_advance(k_desc, panel * BN * kSwizzleBytes + within);
-      if (BN == 128 && keys > 64) {
-        ss_m64n128k16<T>(*reinterpret_cast<float(*)[16][4]>(&sc[0]), da, db, kk > 0 ? 1 : 0);
+      if constexpr (BN == 128) {
+        ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
       } else {
-        ss_m64n64k16<T>(*reinterpret_cast<float(*)[8][4]>(&sc[0]), da, db, kk > 0 ? 1 : 0);
+        ss_m64n64k16<T>(sc, da, db, kk > 0 ? 1 : 0);
       }
     }
   };
@@ -404,10 +390,33 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     }
   };
   if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
+  if (cw_rows <= 0) {
+    // No row of this consumer is inside the segment: the item's barrier protocol only, every wait,
+    // turn and release as below in the same order, with no product (the other consumer's then
+    // have the tensor cores to themselves) and nothing to store.
+    for (int i = 0; i < n_tiles; ++i) {
+      const int gi = g + i, stage = gi % STAGES;
+      mbar_wait(&ring.full_k[stage], (gi / STAGES) & 1);
+      if (i > 0) {
+        if constexpr (SPLIT) mbar_wait(&ring.full_v[(gi - 1) % STAGES], ((gi - 1) / STAGES) & 1);
+      }
+      my_turn();
+      pass_turn();
+      if constexpr (SPLIT) mbar_arrive(&ring.empty_k[stage]);
+      if (i > 0) mbar_arrive(&ring.empty_v[(gi - 1) % STAGES]);
+    }
+    const int idle_last = (g + n_tiles - 1) % STAGES;
+    if constexpr (SPLIT) mbar_wait(&ring.full_v[idle_last], ((g + n_tiles - 1) / STAGES) & 1);
+    my_turn();
+    if (cw == 0) pass_turn();
+    mbar_arrive(&ring.empty_v[idle_last]);
+    if constexpr (kPersistent) mbar_arrive(q_empty);  // done with the Q buffer
+    return n_tiles;
+  }
   mbar_wait(&ring.full_k[g % STAGES], (g / STAGES) & 1);
   my_turn();
   wgmma_fence();
-  issue_s(g % STAGES, tile_keys(0));
+  issue_s(g % STAGES);
   wgmma_commit();
   pass_turn();
   wait_products();
@@ -421,9 +430,9 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     if constexpr (SPLIT) mbar_wait(&ring.full_v[prev], ((gi - 1) / STAGES) & 1);
     my_turn();
     wgmma_fence();
-    issue_s(stage, tile_keys(i));
+    issue_s(stage);
     wgmma_commit();
-    issue_pv(prev, tile_keys(i - 1));
+    issue_pv(prev, kAllKsteps);
     wgmma_commit();
     pass_turn();
     wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
@@ -445,7 +454,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   if constexpr (SPLIT) mbar_wait(&ring.full_v[last], ((g + n_tiles - 1) / STAGES) & 1);
   my_turn();
   wgmma_fence();
-  issue_pv(last, tile_keys(n_tiles - 1));
+  issue_pv(last, (last_keys + 15) / 16);
   wgmma_commit();
   if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
   wgmma_wait<0>();
