@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Fails where ptxas serialized the wgmma instructions of a Hopper kernel (its C7515 report: "wgmma
+# instructions are serialized due to ..."). That costs up to half the kernel's speed and no
+# correctness test can see it (PERFORMANCE.md item 58: the forward at 382 instead of 689 TFLOP/s
+# on one_doc_16k, every check passing). Recompiles each object of the sm_90a target with its own
+# build command plus -Xptxas -v (into a scratch file) and reads ptxas's report; prints each
+# kernel's spills too. Needs a Ninja build (CTest runs it as sm90.wgmma_not_serialized).
+#   scripts/check_ptxas.sh BUILD_DIR
+set -euo pipefail
+build=$(cd "${1:-build}" && pwd)
+objs=$(ninja -C "$build" -t targets all |
+  grep -o '^src/cuda/CMakeFiles/raggedattn_cuda_sm90\.dir/sm90/[A-Za-z0-9_]*\.cu\.o' | sort -u)
+[ -n "$objs" ] || { echo "check_ptxas: no sm_90a objects in $build" >&2; exit 2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+for o in $objs; do
+  cmd=$(ninja -C "$build" -t commands "$o" | tail -1)
+  [[ $cmd == *"-o $o"* ]] || { echo "check_ptxas: no '-o $o' in the build command" >&2; exit 2; }
+  (cd "$build" && eval "${cmd/-o $o/-o $tmp/x.o} -Xptxas -v") >"$tmp/log" 2>&1 ||
+    { cat "$tmp/log"; echo "check_ptxas: $o does not compile" >&2; exit 2; }
+  serialized=$(grep -c 'C7515' "$tmp/log" || true)
+  spills=$(grep -c 'bytes spill stores' "$tmp/log" || true)
+  nonzero=$(grep 'bytes spill stores' "$tmp/log" | grep -vc ' 0 bytes spill stores' || true)
+  echo "$o: $spills kernels, $nonzero with spills, $serialized with serialized wgmma"
+  if [ "$serialized" -gt 0 ]; then
+    grep 'C7515' "$tmp/log" | sed 's/.*function /  serialized: /'
+    status=1
+  fi
+done
+exit $status
