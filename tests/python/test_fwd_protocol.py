@@ -90,6 +90,8 @@ def producer(w, work):
 
 
 def consumer(w, cw):
+    # A consumer with no row inside the segment (fwd_consume's path without products) runs this
+    # same sequence of waits, turns and releases.
     g, t = 0, 0
 
     def my_turn():
