@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workloads import D, HKV, HQ, WORKLOADS, bwd_flops, fwd_flops  # noqa: E402
@@ -32,57 +31,40 @@ ANCHOR_KEYS = {
 }
 
 
-def sm_clock_mhz():
-    """The GPU's current SM clock from nvidia-smi, or None where it cannot be read."""
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=5)
-        return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.split() else None
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
+# What `raggedattn bench --json` reports of the GPU while each direction's timed calls ran, read
+# in-process through NVML after every call (absent where NVML is not there): the median SM clock
+# and power per direction. They tell a slower GPU from a slower kernel (the same kernels measure
+# up to 9% apart from one process to the next, and a backward right after a slower forward ran
+# 7-9% faster: PERFORMANCE.md item 58).
+GPU_KEYS = ("fwd_sm_mhz", "bwd_sm_mhz", "fwd_watts", "bwd_watts")
 
 
-def clock_summary(samples):
-    """The SM clock samples taken while one process ran: median, min and max (MHz), or {}."""
-    if not samples:
-        return {}
-    xs = sorted(samples)
-    return {"sm_mhz_median": xs[len(xs) // 2], "sm_mhz_min": xs[0], "sm_mhz_max": xs[-1],
-            "sm_mhz_samples": len(xs)}
-
-
-def run_ours(cli, lens, causal, variant_args, repeat, env=None):
-    """One process of `raggedattn bench`: its times and rates, and the SM clock sampled while it
-    ran (the same kernels measure up to 9% apart from one process to the next; the clocks say
-    whether the GPU ran slower, PERFORMANCE.md)."""
+def run_ours(cli, lens, causal, variant_args, repeat, env=None, pause_ms=0):
+    """One process of `raggedattn bench`: its times and rates, and the GPU's clock and power while
+    each direction ran (GPU_KEYS). pause_ms: idle time before each direction's warm-up."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
                "--dim", str(D), "--dtype", "bf16", "--repeat", str(repeat), "--json", out]
         cmd += ["--causal"] if causal else []
+        cmd += ["--pause-ms", str(pause_ms)] if pause_ms else []
         cmd += variant_args
-        log = os.path.join(tmp, "log.txt")
-        with open(log, "w") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, text=True, env=env)
-            clocks = []
-            while proc.poll() is None:
-                c = sm_clock_mhz()
-                if c is None:
-                    proc.wait()
-                    break
-                clocks.append(c)
-                time.sleep(0.25)  # a few samples a second: nvidia-smi itself stays out of the way
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            with open(log) as f:
-                return {"error": f.read()[-400:]}
+            return {"error": (proc.stdout + proc.stderr)[-400:]}
         with open(out) as f:
             res = json.load(f)
+    return result_from_bench(res, lens, causal)
+
+
+def result_from_bench(res, lens, causal):
+    """A variant's result from one `raggedattn bench --json` report."""
     fwd_ms, bwd_ms = float(res["fwd_ms"]), float(res["bwd_ms"])
     r = {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
          "fwd_tflops": fwd_flops(lens, causal) / fwd_ms / 1e9,
          "bwd_tflops": bwd_flops(lens, causal) / bwd_ms / 1e9,
          "path": res.get("path", "")}
-    r.update(clock_summary(clocks))
+    r.update({k: res[k] for k in GPU_KEYS if k in res})
     return r
 
 
@@ -102,8 +84,9 @@ def combine_runs(runs):
         return xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
 
     out = dict(runs[0])
-    if all("sm_mhz_median" in r for r in runs):
-        out["sm_mhz_runs"] = [r["sm_mhz_median"] for r in runs]  # each process's median clock
+    for k in GPU_KEYS:  # each process's median clock and power, where every process read them
+        if all(k in r for r in runs):
+            out[f"{k}_runs"] = [r[k] for r in runs]
     for d in ("fwd", "bwd"):
         times = [r[f"{d}_ms"] for r in runs]
         out[f"{d}_ms"] = median(times)
@@ -136,6 +119,10 @@ def main():
                     help="run each of our variants in this many processes (every build and "
                          "variant once per round, rounds one after the other) and report the "
                          "median time: one process's number can sit in one of two modes")
+    ap.add_argument("--pause-ms", type=int, default=0,
+                    help="idle milliseconds before each direction's warm-up in our processes "
+                         "(raggedattn bench --pause-ms), so a direction's time does not depend on "
+                         "what ran just before it")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
@@ -186,7 +173,7 @@ def main():
             for tag, env in builds:
                 for impl, extra in variants.items():
                     key = impl + (f"_{tag}" if tag else "")
-                    r = run_ours(args.cli, lens, causal, extra, args.repeat, env)
+                    r = run_ours(args.cli, lens, causal, extra, args.repeat, env, args.pause_ms)
                     runs.setdefault(key, []).append(r)
                     print(name, key, json.dumps(r), flush=True)
         report["workloads"][name] = {key: combine_runs(rs) for key, rs in runs.items()}

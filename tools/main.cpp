@@ -1,11 +1,13 @@
 // The `raggedattn` command: check, run, bench, info. Parsing and printing only; the work is in
 // src/verify.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "args.hpp"
@@ -41,7 +43,10 @@ commands:
             [--softcap C] [--dtype ..] [--dq-accum ..] [--deterministic] [--padded]
             [--backend ..] [--seed S] [--repeat N] [--no-check]
   bench   time one problem (same problem options), no checking
-            [--repeat N] [--json FILE]
+            [--repeat N] [--pause-ms MS] [--json FILE]
+            --pause-ms: idle time before each direction's warm-up (the GPU's clock settles).
+            Where NVML is present, the SM clock and power after each timed call are printed
+            and written to the JSON (medians, and per call).
             FLOPs count visible (query, key) pairs only: 2*(Dqk+Dv)*Hq per pair forward,
             2.5x that backward.
   info    the build, the device and the plan of a problem (same problem options)
@@ -61,6 +66,7 @@ struct Options {
   bool have_seed = false;
   uint64_t seed = 0;
   int32_t repeat = -1;
+  int32_t pause_ms = 0;
   bool no_check = false;
   bool list = false;
   std::string json;
@@ -153,6 +159,8 @@ Options parse(Command cmd, Args& args) {
     } else if (cmd == Command::Run && opt == "--no-check") {
       flag();
       o.no_check = true;
+    } else if (cmd == Command::Bench && opt == "--pause-ms") {
+      o.pause_ms = parse_int(opt, args.value(opt), 0, 600000);
     } else if (cmd == Command::Bench && opt == "--json") {
       o.json = args.value(opt);
       if (o.json.empty()) throw UsageError(opt + ": expected a file name");
@@ -304,6 +312,29 @@ int cmd_check(const Options& o) {
   return verify::print_verdict(std::cout, reports) ? 0 : kExitFail;
 }
 
+// A direction's GPU readings: the median SM clock and its range, the median power.
+struct Sensed {
+  int mhz = 0, mhz_min = 0, mhz_max = 0;
+  double watts = 0;
+};
+Sensed sensed(const std::vector<verify::GpuReading>& rs) {
+  Sensed s;
+  if (rs.empty()) return s;
+  std::vector<int> m;
+  std::vector<double> w;
+  for (const verify::GpuReading& r : rs) {
+    m.push_back(r.sm_mhz);
+    w.push_back(r.watts);
+  }
+  std::sort(m.begin(), m.end());
+  std::sort(w.begin(), w.end());
+  s.mhz = m[m.size() / 2];
+  s.mhz_min = m.front();
+  s.mhz_max = m.back();
+  s.watts = w[w.size() / 2];
+  return s;
+}
+
 void print_times(const CaseSpec& spec, const CaseReport& r) {
   const double ff = verify::forward_flops(spec), bf = verify::backward_flops(spec);
   auto tflops = [](double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
@@ -314,6 +345,13 @@ void print_times(const CaseSpec& spec, const CaseReport& r) {
                   ? ("median of " + std::to_string(r.timed_runs) + " runs after warm-up").c_str()
                   : "one run, wall clock",
               verify::visible_pairs(spec), ff, bf);
+  if (!r.fwd_readings.empty() || !r.bwd_readings.empty()) {
+    const Sensed f = sensed(r.fwd_readings), b = sensed(r.bwd_readings);
+    std::printf(
+        "GPU after each timed call (median, min-max): forward %d MHz (%d-%d), %.0f W; "
+        "backward %d MHz (%d-%d), %.0f W\n",
+        f.mhz, f.mhz_min, f.mhz_max, f.watts, b.mhz, b.mhz_min, b.mhz_max, b.watts);
+  }
 }
 
 int cmd_run(const Options& o, bool bench) {
@@ -325,6 +363,7 @@ int cmd_run(const Options& o, bool bench) {
   // CUDA: cudaEvent medians after a warm-up. CPU: the reference is slow; one wall-clock run
   // unless repeats are asked for.
   run.timing_runs = o.repeat > 0 ? o.repeat : (cpu ? (bench ? 3 : 0) : (bench ? 20 : 10));
+  run.pause_ms = o.pause_ms;
   print_header(o);
   const CaseReport r = verify::run_case(o.spec, run);
   if (run.check) {
@@ -348,7 +387,22 @@ int cmd_run(const Options& o, bool bench) {
       << ",\n  \"fwd_ms\": " << r.fwd_ms << ",\n  \"bwd_ms\": " << r.bwd_ms
       << ",\n  \"fwd_flops\": " << ff << ",\n  \"bwd_flops\": " << bf
       << ",\n  \"fwd_tflops\": " << (r.fwd_ms > 0 ? ff / r.fwd_ms * 1e-9 : 0.0)
-      << ",\n  \"bwd_tflops\": " << (r.bwd_ms > 0 ? bf / r.bwd_ms * 1e-9 : 0.0) << "\n}\n";
+      << ",\n  \"bwd_tflops\": " << (r.bwd_ms > 0 ? bf / r.bwd_ms * 1e-9 : 0.0)
+      << ",\n  \"pause_ms\": " << o.pause_ms;
+    // The GPU's SM clock and power after each timed call, where NVML could read them.
+    for (const auto& [dir, rs] :
+         {std::pair<const char*, const std::vector<verify::GpuReading>*>{"fwd", &r.fwd_readings},
+          {"bwd", &r.bwd_readings}}) {
+      if (rs->empty()) continue;
+      const Sensed s = sensed(*rs);
+      f << ",\n  \"" << dir << "_sm_mhz\": " << s.mhz << ",\n  \"" << dir << "_watts\": " << s.watts
+        << ",\n  \"" << dir << "_sm_mhz_calls\": [";
+      for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].sm_mhz;
+      f << "],\n  \"" << dir << "_watts_calls\": [";
+      for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].watts;
+      f << "]";
+    }
+    f << "\n}\n";
     if (!f) {
       std::fprintf(stderr, "raggedattn: --json: cannot write '%s'\n", o.json.c_str());
       return kExitUsage;

@@ -92,10 +92,24 @@ class DeviceMemory : public Memory {
     *ms = double(elapsed);
     return Status::Ok();
   }
+  bool read_sensors(GpuReading* out) override {
+    if (!sensors_tried_) {  // opened on first use, for the current device
+      sensors_tried_ = true;
+      int dev = 0;
+      char bus[32] = {};
+      if (cudaGetDevice(&dev) == cudaSuccess &&
+          cudaDeviceGetPCIBusId(bus, int(sizeof(bus)), dev) == cudaSuccess) {
+        sensors_ = open_gpu_sensors(bus);
+      }
+    }
+    return sensors_ && sensors_->read(out);
+  }
   const char* name() const override { return "cuda"; }
 
  private:
   std::vector<void*> allocs_;
+  bool sensors_tried_ = false;
+  std::unique_ptr<GpuSensors> sensors_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;
 };

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "raggedattn/raggedattn.hpp"
+#include "verify/gpu_sensors.hpp"
 
 namespace raggedattn {
 namespace verify {
@@ -21,6 +22,9 @@ class Memory {
   // Runs fn and returns the milliseconds it took where the work runs: wall clock on the host,
   // CUDA events around it on the default stream (fn only enqueues there).
   virtual Status time(const std::function<Status()>& fn, double* ms) = 0;
+  // The device's SM clock and power now (gpu_sensors.hpp); false where there is nothing to read
+  // (host memory, no NVML).
+  virtual bool read_sensors(GpuReading* /*out*/) { return false; }
   virtual const char* name() const = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "common/status.hpp"
@@ -291,22 +292,27 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
     }
 
     if (opt.timing_runs > 0) {
-      double ms = 0;
+      // Each direction: an optional pause, a warm-up, then the timed calls, the GPU's clock and
+      // power read after each.
+      auto time_direction = [&](const std::function<Status()>& fn, double* median_ms,
+                                std::vector<GpuReading>* readings) -> Status {
+        if (opt.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt.pause_ms));
+        double ms = 0;
+        RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));  // warm-up
+        std::vector<double> times;
+        for (int i = 0; i < opt.timing_runs; ++i) {
+          RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));
+          times.push_back(ms);
+          GpuReading g;
+          if (mem->read_sensors(&g)) readings->push_back(g);
+        }
+        *median_ms = median(times);
+        return Status::Ok();
+      };
       stage = "forward";
-      RATTN_RETURN_IF_ERROR(mem->time(fwd, &ms));  // warm-up
-      std::vector<double> f, g;
-      for (int i = 0; i < opt.timing_runs; ++i) {
-        RATTN_RETURN_IF_ERROR(mem->time(fwd, &ms));
-        f.push_back(ms);
-      }
+      RATTN_RETURN_IF_ERROR(time_direction(fwd, &r.fwd_ms, &r.fwd_readings));
       stage = "backward";
-      RATTN_RETURN_IF_ERROR(mem->time(bwd, &ms));
-      for (int i = 0; i < opt.timing_runs; ++i) {
-        RATTN_RETURN_IF_ERROR(mem->time(bwd, &ms));
-        g.push_back(ms);
-      }
-      r.fwd_ms = median(f);
-      r.bwd_ms = median(g);
+      RATTN_RETURN_IF_ERROR(time_direction(bwd, &r.bwd_ms, &r.bwd_readings));
       r.timed_runs = opt.timing_runs;
     }
     return Status::Ok();

@@ -18,6 +18,7 @@
 
 #include "raggedattn/raggedattn.hpp"
 #include "verify/case_spec.hpp"
+#include "verify/gpu_sensors.hpp"
 #include "verify/metrics.hpp"
 
 namespace raggedattn {
@@ -33,6 +34,9 @@ struct RunOptions {
   bool check = true;          // false: run (and time) only, no reference (bench)
   int timing_runs = 0;        // > 0: after the checked run, a warm-up and this many timed runs
   int reference_threads = 0;  // threads of the CPU reference (0: all cores)
+  // Idle milliseconds before each direction's warm-up: lets the GPU's clock and power settle, so
+  // a direction's time does not depend on what ran just before it (docs/PERFORMANCE.md item 58).
+  int pause_ms = 0;
   const DeviceCaps* caps = nullptr;  // nullptr: query_device()
 };
 
@@ -59,6 +63,8 @@ struct CaseReport {
 
   double fwd_ms = 0, bwd_ms = 0;  // median of timing_runs, else the checked run's time
   int timed_runs = 0;
+  // The GPU's SM clock and power read after each timed call (empty where they cannot be read).
+  std::vector<GpuReading> fwd_readings, bwd_readings;
   double check_ms = 0;  // time spent computing the reference
   bool pass = false;
 

@@ -10,6 +10,7 @@
 #include "gpu_test_util.hpp"
 #include "verify/case_spec.hpp"
 #include "verify/host_data.hpp"
+#include "verify/memory.hpp"
 
 namespace raggedattn {
 namespace {
@@ -109,7 +110,8 @@ class Fixture : public ::testing::Test {
   Plan plan_;
   verify::HostInputs inputs_;
   verify::HostOutputs outputs_;
-  DeviceTensor q_, k_, v_, do_, o_, lse_, dq_, dk_, dv_, cu_q_, cu_kv_, off_q_, off_kv_, ws_, fwd_ws_;
+  DeviceTensor q_, k_, v_, do_, o_, lse_, dq_, dk_, dv_, cu_q_, cu_kv_, off_q_, off_kv_, ws_,
+      fwd_ws_;
 };
 
 // The CUDA paths this machine runs: the portable one, and the Hopper one on an sm_90 device.
@@ -209,3 +211,17 @@ void Fixture::ReplaysToTheSameBytes(const verify::CaseSpec& spec) {
 
 }  // namespace
 }  // namespace raggedattn
+
+// The timing loop's GPU readings (bench's clock and power per call): the device's memory reads a
+// plausible SM clock and power draw through NVML, which the driver ships.
+TEST(GpuSensors, DeviceMemoryReadsTheSmClockAndPower) {
+  RATTN_REQUIRE_GPU();
+  auto mem = raggedattn::verify::device_memory();
+  ASSERT_NE(mem, nullptr);
+  raggedattn::verify::GpuReading g;
+  ASSERT_TRUE(mem->read_sensors(&g)) << "NVML did not open or read the current device";
+  EXPECT_GT(g.sm_mhz, 100);
+  EXPECT_LT(g.sm_mhz, 5000);
+  EXPECT_GT(g.watts, 1.0);
+  EXPECT_LT(g.watts, 3000.0);
+}

@@ -49,12 +49,18 @@ def test_table_shows_the_range_over_processes():
     assert row.endswith("| 500 / 312 |")
 
 
-def test_clock_summary_and_per_process_clocks():
-    assert run.clock_summary([]) == {}
-    c = run.clock_summary([1980, 1755, 1980, 1830])
-    assert (c["sm_mhz_median"], c["sm_mhz_min"], c["sm_mhz_max"]) == (1980, 1755, 1980)
-    assert c["sm_mhz_samples"] == 4
-    runs = [dict(_result(2.0, 8.0), **run.clock_summary([1980])),
-            dict(_result(2.2, 8.0), **run.clock_summary([1755]))]
-    assert run.combine_runs(runs)["sm_mhz_runs"] == [1980, 1755]
-    assert "sm_mhz_runs" not in run.combine_runs([_result(2.0, 8.0), _result(2.2, 8.0)])
+def test_gpu_readings_from_the_bench_report_and_per_process():
+    bench = {"fwd_ms": 2.0, "bwd_ms": 8.0, "path": "p", "fwd_sm_mhz": 1980, "bwd_sm_mhz": 1755,
+             "fwd_watts": 650.5, "bwd_watts": 690.0, "fwd_sm_mhz_calls": [1980, 1980]}
+    r = run.result_from_bench(bench, [100, 80], True)
+    assert (r["fwd_sm_mhz"], r["bwd_sm_mhz"], r["fwd_watts"], r["bwd_watts"]) == (
+        1980, 1755, 650.5, 690.0)
+    assert "fwd_sm_mhz_calls" not in r  # the per-call lists stay in the command's own report
+    assert r["fwd_ms"] == 2.0 and r["path"] == "p"
+    other = dict(r, fwd_sm_mhz=1830, bwd_watts=700.0)
+    both = run.combine_runs([r, other])
+    assert both["fwd_sm_mhz_runs"] == [1980, 1830] and both["bwd_watts_runs"] == [690.0, 700.0]
+    # Without readings in every process, no per-process list.
+    plain = run.result_from_bench({"fwd_ms": 2.0, "bwd_ms": 8.0}, [100, 80], True)
+    assert "fwd_sm_mhz" not in plain
+    assert "fwd_sm_mhz_runs" not in run.combine_runs([r, plain])
