@@ -6,6 +6,8 @@
 //   - a key tile's query tiles lie inside the segment;
 //   - the key tiles that step through a query tile take turns 0, 1, 2, ... with no gap and no
 //     repeat (a missing turn would leave the later key tiles waiting forever).
+#include "core/mask.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/mask.hpp"
 #include "cuda/portable/config.hpp"
 #include "cuda/portable/instantiations.hpp"
 #include "cuda/sm90/config.hpp"
@@ -27,7 +28,7 @@ namespace {
 // The (block_m, block_n) of every backward kernel: both paths, every head-dim pair.
 std::set<std::pair<int, int>> backward_tiles() {
   std::set<std::pair<int, int>> tiles;
-#define RATTN_ADD_PORTABLE(DQK, DV)                                                   \
+#define RATTN_ADD_PORTABLE(DQK, DV) \
   tiles.insert({portable::bwd_config(DQK, DV).block_m, portable::bwd_config(DQK, DV).block_n});
   RATTN_PORTABLE_HEAD_DIMS(RATTN_ADD_PORTABLE)
 #undef RATTN_ADD_PORTABLE
@@ -112,6 +113,55 @@ TEST(MaskTraversal, CausalTilesByHand) {
   EXPECT_EQ(last.count, 2);
   EXPECT_EQ(causal.key_tile_turn(0, 128, bn, len, len), 0);  // query tile 2: key tile 0 first,
   EXPECT_EQ(causal.key_tile_turn(1, 128, bn, len, len), 1);  // then key tile 1
+}
+
+// The bounds the Hopper kernels narrow their products by, checked by brute force over masks and
+// lengths: for a block of consecutive rows, no row sees a key before key_begin(first row) or from
+// key_end(last row) on (the forward's keys per consumer, item 59 of PERFORMANCE.md); for a block
+// of consecutive keys, no row before query_begin(first key) or from query_end(last key) on sees
+// one of them (the rows a backward consumer's keys are seen by). Either failing would let a
+// kernel skip a product some row needs.
+TEST(MaskRanges, BlocksOfRowsAndKeysBoundWhatTheySee) {
+  std::mt19937 rng(20261201);
+  const int lengths[] = {1, 2, 15, 17, 63, 64, 65, 127, 128, 129, 200};
+  const int lefts[] = {-1, 0, 1, 7, 40, 64, 129};
+  const int rights[] = {-1, 0, 1, 8, 50, 130};
+  const int blocks[] = {1, 3, 16, 64, 128};
+  auto pick = [&](const auto& a) { return a[rng() % (sizeof(a) / sizeof(a[0]))]; };
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    MaskSpec m;
+    m.left = pick(lefts);
+    m.right = pick(rights);
+    m.bottom_right = int(rng() % 2);
+    const int len_q = pick(lengths), len_kv = pick(lengths), b = pick(blocks);
+    const std::string what = describe(m, len_q, len_kv, b, b);
+    for (int r0 = 0; r0 < len_q; r0 += b) {
+      const int r1 = std::min(len_q, r0 + b);
+      const int lo = m.key_begin(r0, len_q, len_kv), hi = m.key_end(r1 - 1, len_q, len_kv);
+      for (int i = r0; i < r1; ++i)
+        for (int j = 0; j < len_kv; ++j)
+          if (m.visible(i, j, len_q, len_kv)) {
+            ASSERT_TRUE(j >= lo && j < hi)
+                << what << ": rows from " << r0 << ", row " << i << " sees key " << j
+                << " outside [" << lo << ", " << hi << ")";
+          }
+      ++checked;
+    }
+    for (int k0 = 0; k0 < len_kv; k0 += b) {
+      const int k1 = std::min(len_kv, k0 + b);
+      const int lo = m.query_begin(k0, len_q, len_kv), hi = m.query_end(k1 - 1, len_q, len_kv);
+      for (int i = 0; i < len_q; ++i)
+        for (int j = k0; j < k1; ++j)
+          if (m.visible(i, j, len_q, len_kv)) {
+            ASSERT_TRUE(i >= lo && i < hi)
+                << what << ": keys from " << k0 << ", row " << i << " sees key " << j
+                << " outside rows [" << lo << ", " << hi << ")";
+          }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 1000);
 }
 
 }  // namespace
