@@ -39,15 +39,19 @@ ANCHOR_KEYS = {
 GPU_KEYS = ("fwd_sm_mhz", "bwd_sm_mhz", "fwd_watts", "bwd_watts")
 
 
-def run_ours(cli, lens, causal, variant_args, repeat, env=None, pause_ms=0):
+def run_ours(cli, lens, causal, variant_args, repeat, env=None, pause_ms=0, warmup_ms=0,
+             min_ms=0):
     """One process of `raggedattn bench`: its times and rates, and the GPU's clock and power while
-    each direction ran (GPU_KEYS). pause_ms: idle time before each direction's warm-up."""
+    each direction ran (GPU_KEYS). pause_ms: idle time before each direction's warm-up;
+    warmup_ms, min_ms: do_bench's regime (warm-up calls for warmup_ms, timed calls for min_ms)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
                "--dim", str(D), "--dtype", "bf16", "--repeat", str(repeat), "--json", out]
         cmd += ["--causal"] if causal else []
         cmd += ["--pause-ms", str(pause_ms)] if pause_ms else []
+        cmd += ["--warmup-ms", str(warmup_ms)] if warmup_ms else []
+        cmd += ["--min-ms", str(min_ms)] if min_ms else []
         cmd += variant_args
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -64,7 +68,7 @@ def result_from_bench(res, lens, causal):
          "fwd_tflops": fwd_flops(lens, causal) / fwd_ms / 1e9,
          "bwd_tflops": bwd_flops(lens, causal) / bwd_ms / 1e9,
          "path": res.get("path", "")}
-    r.update({k: res[k] for k in GPU_KEYS if k in res})
+    r.update({k: res[k] for k in GPU_KEYS + ("fwd_calls", "bwd_calls") if k in res})
     return r
 
 
@@ -123,6 +127,10 @@ def main():
                     help="idle milliseconds before each direction's warm-up in our processes "
                          "(raggedattn bench --pause-ms), so a direction's time does not depend on "
                          "what ran just before it")
+    ap.add_argument("--warmup-ms", type=int, default=0,
+                    help="with --min-ms: our processes time in triton.testing.do_bench's regime, "
+                         "as the anchor scripts do (do_bench's defaults: 50 and 200 ms)")
+    ap.add_argument("--min-ms", type=int, default=0)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
@@ -173,7 +181,8 @@ def main():
             for tag, env in builds:
                 for impl, extra in variants.items():
                     key = impl + (f"_{tag}" if tag else "")
-                    r = run_ours(args.cli, lens, causal, extra, args.repeat, env, args.pause_ms)
+                    r = run_ours(args.cli, lens, causal, extra, args.repeat, env, args.pause_ms,
+                                 args.warmup_ms, args.min_ms)
                     runs.setdefault(key, []).append(r)
                     print(name, key, json.dumps(r), flush=True)
         report["workloads"][name] = {key: combine_runs(rs) for key, rs in runs.items()}

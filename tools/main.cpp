@@ -43,8 +43,10 @@ commands:
             [--softcap C] [--dtype ..] [--dq-accum ..] [--deterministic] [--padded]
             [--backend ..] [--seed S] [--repeat N] [--no-check]
   bench   time one problem (same problem options), no checking
-            [--repeat N] [--pause-ms MS] [--json FILE]
+            [--repeat N] [--pause-ms MS] [--warmup-ms W --min-ms R] [--json FILE]
             --pause-ms: idle time before each direction's warm-up (the GPU's clock settles).
+            --warmup-ms, --min-ms: triton's do_bench regime (the anchors'): warm-up calls for
+            W ms, then timed calls until N of them have run R ms.
             Where NVML is present, the SM clock and power after each timed call are printed
             and written to the JSON (medians, and per call).
             FLOPs count visible (query, key) pairs only: 2*(Dqk+Dv)*Hq per pair forward,
@@ -66,7 +68,7 @@ struct Options {
   bool have_seed = false;
   uint64_t seed = 0;
   int32_t repeat = -1;
-  int32_t pause_ms = 0;
+  int32_t pause_ms = 0, warmup_ms = 0, min_ms = 0;
   bool no_check = false;
   bool list = false;
   std::string json;
@@ -161,6 +163,10 @@ Options parse(Command cmd, Args& args) {
       o.no_check = true;
     } else if (cmd == Command::Bench && opt == "--pause-ms") {
       o.pause_ms = parse_int(opt, args.value(opt), 0, 600000);
+    } else if (cmd == Command::Bench && opt == "--warmup-ms") {
+      o.warmup_ms = parse_int(opt, args.value(opt), 0, 600000);
+    } else if (cmd == Command::Bench && opt == "--min-ms") {
+      o.min_ms = parse_int(opt, args.value(opt), 0, 600000);
     } else if (cmd == Command::Bench && opt == "--json") {
       o.json = args.value(opt);
       if (o.json.empty()) throw UsageError(opt + ": expected a file name");
@@ -340,10 +346,12 @@ void print_times(const CaseSpec& spec, const CaseReport& r) {
   auto tflops = [](double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
   std::printf("forward  %10.4f ms  %8.2f TFLOP/s\n", r.fwd_ms, tflops(ff, r.fwd_ms));
   std::printf("backward %10.4f ms  %8.2f TFLOP/s\n", r.bwd_ms, tflops(bf, r.bwd_ms));
-  std::printf("(%s; %" PRId64 " visible pairs, %.4g fwd FLOP, %.4g bwd FLOP)\n",
-              r.timed_runs
-                  ? ("median of " + std::to_string(r.timed_runs) + " runs after warm-up").c_str()
-                  : "one run, wall clock",
+  const std::string how = !r.timed_runs ? std::string("one run, wall clock")
+                          : r.fwd_calls == r.bwd_calls
+                              ? "median of " + std::to_string(r.fwd_calls) + " runs after warm-up"
+                              : "median of " + std::to_string(r.fwd_calls) + " forward and " +
+                                    std::to_string(r.bwd_calls) + " backward runs after warm-up";
+  std::printf("(%s; %" PRId64 " visible pairs, %.4g fwd FLOP, %.4g bwd FLOP)\n", how.c_str(),
               verify::visible_pairs(spec), ff, bf);
   if (!r.fwd_readings.empty() || !r.bwd_readings.empty()) {
     const Sensed f = sensed(r.fwd_readings), b = sensed(r.bwd_readings);
@@ -364,6 +372,8 @@ int cmd_run(const Options& o, bool bench) {
   // unless repeats are asked for.
   run.timing_runs = o.repeat > 0 ? o.repeat : (cpu ? (bench ? 3 : 0) : (bench ? 20 : 10));
   run.pause_ms = o.pause_ms;
+  run.warmup_ms = o.warmup_ms;
+  run.min_timed_ms = o.min_ms;
   print_header(o);
   const CaseReport r = verify::run_case(o.spec, run);
   if (run.check) {
@@ -388,7 +398,9 @@ int cmd_run(const Options& o, bool bench) {
       << ",\n  \"fwd_flops\": " << ff << ",\n  \"bwd_flops\": " << bf
       << ",\n  \"fwd_tflops\": " << (r.fwd_ms > 0 ? ff / r.fwd_ms * 1e-9 : 0.0)
       << ",\n  \"bwd_tflops\": " << (r.bwd_ms > 0 ? bf / r.bwd_ms * 1e-9 : 0.0)
-      << ",\n  \"pause_ms\": " << o.pause_ms;
+      << ",\n  \"pause_ms\": " << o.pause_ms << ",\n  \"warmup_ms\": " << o.warmup_ms
+      << ",\n  \"min_ms\": " << o.min_ms << ",\n  \"fwd_calls\": " << r.fwd_calls
+      << ",\n  \"bwd_calls\": " << r.bwd_calls;
     // The GPU's SM clock and power after each timed call, where NVML could read them.
     for (const auto& [dir, rs] :
          {std::pair<const char*, const std::vector<verify::GpuReading>*>{"fwd", &r.fwd_readings},

@@ -292,27 +292,35 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
     }
 
     if (opt.timing_runs > 0) {
-      // Each direction: an optional pause, a warm-up, then the timed calls, the GPU's clock and
-      // power read after each.
-      auto time_direction = [&](const std::function<Status()>& fn, double* median_ms,
+      // Each direction: an optional pause, the warm-up, then the timed calls (RunOptions), the
+      // GPU's clock and power read after each.
+      constexpr int kMaxCalls = 100000;
+      auto time_direction = [&](const std::function<Status()>& fn, double* median_ms, int* calls,
                                 std::vector<GpuReading>* readings) -> Status {
         if (opt.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt.pause_ms));
-        double ms = 0;
-        RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));  // warm-up
+        double ms = 0, warm = 0;
+        for (int i = 0; i == 0 || (warm < opt.warmup_ms && i < kMaxCalls); ++i) {
+          RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));
+          warm += ms;
+        }
         std::vector<double> times;
-        for (int i = 0; i < opt.timing_runs; ++i) {
+        double total = 0;
+        while (int(times.size()) < opt.timing_runs ||
+               (total < opt.min_timed_ms && int(times.size()) < kMaxCalls)) {
           RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));
           times.push_back(ms);
+          total += ms;
           GpuReading g;
           if (mem->read_sensors(&g)) readings->push_back(g);
         }
         *median_ms = median(times);
+        *calls = int(times.size());
         return Status::Ok();
       };
       stage = "forward";
-      RATTN_RETURN_IF_ERROR(time_direction(fwd, &r.fwd_ms, &r.fwd_readings));
+      RATTN_RETURN_IF_ERROR(time_direction(fwd, &r.fwd_ms, &r.fwd_calls, &r.fwd_readings));
       stage = "backward";
-      RATTN_RETURN_IF_ERROR(time_direction(bwd, &r.bwd_ms, &r.bwd_readings));
+      RATTN_RETURN_IF_ERROR(time_direction(bwd, &r.bwd_ms, &r.bwd_calls, &r.bwd_readings));
       r.timed_runs = opt.timing_runs;
     }
     return Status::Ok();

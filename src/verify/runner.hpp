@@ -37,6 +37,11 @@ struct RunOptions {
   // Idle milliseconds before each direction's warm-up: lets the GPU's clock and power settle, so
   // a direction's time does not depend on what ran just before it (docs/PERFORMANCE.md item 58).
   int pause_ms = 0;
+  // The timing regime of triton.testing.do_bench, which the anchor scripts use: warm-up calls
+  // until they have run warmup_ms in all (at least one), then timed calls until there are
+  // timing_runs of them and they have run min_timed_ms in all. 0, 0: one warm-up call and
+  // timing_runs timed calls.
+  int warmup_ms = 0, min_timed_ms = 0;
   const DeviceCaps* caps = nullptr;  // nullptr: query_device()
 };
 
@@ -63,6 +68,8 @@ struct CaseReport {
 
   double fwd_ms = 0, bwd_ms = 0;  // median of timing_runs, else the checked run's time
   int timed_runs = 0;
+  int fwd_calls = 0, bwd_calls = 0;  // timed calls per direction (more than timed_runs where
+                                     // min_timed_ms asked for more)
   // The GPU's SM clock and power read after each timed call (empty where they cannot be read).
   std::vector<GpuReading> fwd_readings, bwd_readings;
   double check_ms = 0;  // time spent computing the reference

@@ -56,6 +56,8 @@ def test_gpu_readings_from_the_bench_report_and_per_process():
     assert (r["fwd_sm_mhz"], r["bwd_sm_mhz"], r["fwd_watts"], r["bwd_watts"]) == (
         1980, 1755, 650.5, 690.0)
     assert "fwd_sm_mhz_calls" not in r  # the per-call lists stay in the command's own report
+    timed = run.result_from_bench(dict(bench, fwd_calls=400, bwd_calls=18), [100, 80], True)
+    assert (timed["fwd_calls"], timed["bwd_calls"]) == (400, 18)  # do_bench's regime: counts
     assert r["fwd_ms"] == 2.0 and r["path"] == "p"
     other = dict(r, fwd_sm_mhz=1830, bwd_watts=700.0)
     both = run.combine_runs([r, other])
