@@ -31,8 +31,8 @@ ANCHOR_KEYS = {
 }
 
 
-# What `raggedattn bench --json` reports of the GPU while each direction's timed calls ran, read
-# in-process through NVML after every call (absent where NVML is not there): the median SM clock
+# What `raggedattn bench --json` reports of the GPU while each direction's timed calls ran, sampled
+# in-process through NVML about every millisecond (absent where NVML is not there): the median SM clock
 # and power per direction. They tell a slower GPU from a slower kernel (the same kernels measure
 # up to 9% apart from one process to the next, and a backward right after a slower forward ran
 # 7-9% faster: PERFORMANCE.md item 58).

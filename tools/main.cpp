@@ -47,8 +47,8 @@ commands:
             --pause-ms: idle time before each direction's warm-up (the GPU's clock settles).
             --warmup-ms, --min-ms: triton's do_bench regime (the anchors'): warm-up calls for
             W ms, then timed calls until N of them have run R ms.
-            Where NVML is present, the SM clock and power after each timed call are printed
-            and written to the JSON (medians, and per call).
+            Where NVML is present, the SM clock and power, sampled every millisecond while the
+            timed calls run, are printed and written to the JSON (medians, and the samples).
             FLOPs count visible (query, key) pairs only: 2*(Dqk+Dv)*Hq per pair forward,
             2.5x that backward.
   info    the build, the device and the plan of a problem (same problem options)
@@ -356,7 +356,7 @@ void print_times(const CaseSpec& spec, const CaseReport& r) {
   if (!r.fwd_readings.empty() || !r.bwd_readings.empty()) {
     const Sensed f = sensed(r.fwd_readings), b = sensed(r.bwd_readings);
     std::printf(
-        "GPU after each timed call (median, min-max): forward %d MHz (%d-%d), %.0f W; "
+        "GPU while timed (median, min-max): forward %d MHz (%d-%d), %.0f W; "
         "backward %d MHz (%d-%d), %.0f W\n",
         f.mhz, f.mhz_min, f.mhz_max, f.watts, b.mhz, b.mhz_min, b.mhz_max, b.watts);
   }
@@ -401,16 +401,16 @@ int cmd_run(const Options& o, bool bench) {
       << ",\n  \"pause_ms\": " << o.pause_ms << ",\n  \"warmup_ms\": " << o.warmup_ms
       << ",\n  \"min_ms\": " << o.min_ms << ",\n  \"fwd_calls\": " << r.fwd_calls
       << ",\n  \"bwd_calls\": " << r.bwd_calls;
-    // The GPU's SM clock and power after each timed call, where NVML could read them.
+    // The GPU's SM clock and power sampled while the timed calls ran, where NVML could read them.
     for (const auto& [dir, rs] :
          {std::pair<const char*, const std::vector<verify::GpuReading>*>{"fwd", &r.fwd_readings},
           {"bwd", &r.bwd_readings}}) {
       if (rs->empty()) continue;
       const Sensed s = sensed(*rs);
       f << ",\n  \"" << dir << "_sm_mhz\": " << s.mhz << ",\n  \"" << dir << "_watts\": " << s.watts
-        << ",\n  \"" << dir << "_sm_mhz_calls\": [";
+        << ",\n  \"" << dir << "_sm_mhz_samples\": [";
       for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].sm_mhz;
-      f << "],\n  \"" << dir << "_watts_calls\": [";
+      f << "],\n  \"" << dir << "_watts_samples\": [";
       for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].watts;
       f << "]";
     }

@@ -2,6 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
+#include <utility>
+
 namespace raggedattn {
 namespace verify {
 namespace {
@@ -52,6 +55,27 @@ std::unique_ptr<GpuSensors> open_gpu_sensors(const std::string& pci_bus_id) {
     return nullptr;
   }
   return std::make_unique<NvmlSensors>(lib, dev, clock, power);
+}
+
+SensorSampler::SensorSampler(std::function<bool(GpuReading*)> read, std::vector<GpuReading>* out)
+    : read_(std::move(read)), out_(out) {
+  GpuReading g;
+  if (!read_(&g)) return;
+  samples_.push_back(g);
+  thread_ = std::thread([this] {
+    while (!stop_.load(std::memory_order_relaxed)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      GpuReading r;
+      if (read_(&r)) samples_.push_back(r);
+    }
+  });
+}
+
+void SensorSampler::stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_relaxed);
+  thread_.join();
+  out_->insert(out_->end(), samples_.begin(), samples_.end());
 }
 
 }  // namespace verify

@@ -1,12 +1,16 @@
 // The GPU's SM clock and power draw, read in-process through NVML (libnvidia-ml, the driver's own
 // library, opened at run time: no build dependency, and absent on a machine without the driver,
-// where reading reports nothing). The timing loop reads them after each timed call, so a
-// benchmark can tell a slower GPU from a slower kernel call by call (nvidia-smi's few samples a
-// second over a whole process mostly see the GPU idle: docs/PERFORMANCE.md item 58).
+// where reading reports nothing). The timing loop samples them while each direction's timed calls
+// run (SensorSampler), so a benchmark can tell a slower GPU from a slower kernel (nvidia-smi's few
+// samples a second over a whole process mostly see the GPU idle: docs/PERFORMANCE.md item 58).
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace raggedattn {
 namespace verify {
@@ -26,6 +30,28 @@ class GpuSensors {
 // The sensors of the GPU at PCI bus id `pci_bus_id` (cudaDeviceGetPCIBusId's form,
 // "0000:3B:00.0"), or nullptr where NVML or that GPU cannot be opened.
 std::unique_ptr<GpuSensors> open_gpu_sensors(const std::string& pci_bus_id);
+
+// Calls `read` on a thread of its own about every millisecond from construction to stop() (or
+// destruction) and appends what it read to `out` at stop(): the timing loop samples the GPU while
+// a direction's timed calls run, so that reading adds nothing between the calls (a gap there
+// would idle the GPU and could change its clock). The first read happens in the constructor, on
+// the caller's thread (it may open the sensors); where it fails, no thread starts and nothing is
+// appended.
+class SensorSampler {
+ public:
+  SensorSampler(std::function<bool(GpuReading*)> read, std::vector<GpuReading>* out);
+  SensorSampler(const SensorSampler&) = delete;
+  SensorSampler& operator=(const SensorSampler&) = delete;
+  ~SensorSampler() { stop(); }
+  void stop();
+
+ private:
+  std::function<bool(GpuReading*)> read_;
+  std::vector<GpuReading>* out_;
+  std::vector<GpuReading> samples_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 }  // namespace verify
 }  // namespace raggedattn

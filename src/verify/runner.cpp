@@ -292,8 +292,8 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
     }
 
     if (opt.timing_runs > 0) {
-      // Each direction: an optional pause, the warm-up, then the timed calls (RunOptions), the
-      // GPU's clock and power read after each.
+      // Each direction: an optional pause, the warm-up, then the timed calls (RunOptions), with
+      // the GPU's clock and power sampled meanwhile.
       constexpr int kMaxCalls = 100000;
       auto time_direction = [&](const std::function<Status()>& fn, double* median_ms, int* calls,
                                 std::vector<GpuReading>* readings) -> Status {
@@ -303,6 +303,7 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
           RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));
           warm += ms;
         }
+        SensorSampler sampler([&](GpuReading* g) { return mem->read_sensors(g); }, readings);
         std::vector<double> times;
         double total = 0;
         while (int(times.size()) < opt.timing_runs ||
@@ -310,9 +311,8 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
           RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));
           times.push_back(ms);
           total += ms;
-          GpuReading g;
-          if (mem->read_sensors(&g)) readings->push_back(g);
         }
+        sampler.stop();
         *median_ms = median(times);
         *calls = int(times.size());
         return Status::Ok();

@@ -70,7 +70,8 @@ struct CaseReport {
   int timed_runs = 0;
   int fwd_calls = 0, bwd_calls = 0;  // timed calls per direction (more than timed_runs where
                                      // min_timed_ms asked for more)
-  // The GPU's SM clock and power read after each timed call (empty where they cannot be read).
+  // The GPU's SM clock and power, sampled about every millisecond while each direction's timed
+  // calls ran (gpu_sensors.hpp's SensorSampler; empty where they cannot be read).
   std::vector<GpuReading> fwd_readings, bwd_readings;
   double check_ms = 0;  // time spent computing the reference
   bool pass = false;

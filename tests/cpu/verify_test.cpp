@@ -4,10 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/mask.hpp"
@@ -373,4 +376,42 @@ TEST(Report, TableHasARowPerSegmentAndMarksFailures) {
 // (CI) it does not open at all. Either way: no sensors, and no crash.
 TEST(GpuSensors, NoSensorsAtABusIdWithoutAGpu) {
   EXPECT_EQ(raggedattn::verify::open_gpu_sensors("ffff:ff:1f.7"), nullptr);
+}
+
+// The timing loop's sampler: reads on its own thread until stopped, keeps what it read, in order;
+// with nothing to read it starts no thread and keeps nothing.
+TEST(GpuSensors, SamplerReadsUntilStoppedAndKeepsTheReadings) {
+  using raggedattn::verify::GpuReading;
+  std::atomic<int> calls{0};
+  std::vector<GpuReading> out;
+  {
+    raggedattn::verify::SensorSampler s(
+        [&](GpuReading* g) {
+          g->sm_mhz = ++calls;
+          g->watts = 1.0;
+          return true;
+        },
+        &out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    s.stop();
+    const int at_stop = calls.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(calls.load(), at_stop);  // no read after stop()
+  }
+  ASSERT_GE(out.size(), 3u);
+  EXPECT_EQ(int(out.size()), calls.load());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i].sm_mhz, int(i) + 1);
+  std::vector<GpuReading> none;
+  int tries = 0;
+  {
+    raggedattn::verify::SensorSampler s(
+        [&](GpuReading*) {
+          ++tries;
+          return false;
+        },
+        &none);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(tries, 1);
+  EXPECT_TRUE(none.empty());
 }

@@ -212,8 +212,8 @@ void Fixture::ReplaysToTheSameBytes(const verify::CaseSpec& spec) {
 }  // namespace
 }  // namespace raggedattn
 
-// The timing loop's GPU readings (bench's clock and power per call): the device's memory reads a
-// plausible SM clock and power draw through NVML, which the driver ships.
+// The timing loop's GPU readings (bench's clock and power while timing): the device's memory reads
+// a plausible SM clock and power draw through NVML, which the driver ships.
 TEST(GpuSensors, DeviceMemoryReadsTheSmClockAndPower) {
   RATTN_REQUIRE_GPU();
   auto mem = raggedattn::verify::device_memory();

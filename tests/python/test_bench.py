@@ -51,11 +51,11 @@ def test_table_shows_the_range_over_processes():
 
 def test_gpu_readings_from_the_bench_report_and_per_process():
     bench = {"fwd_ms": 2.0, "bwd_ms": 8.0, "path": "p", "fwd_sm_mhz": 1980, "bwd_sm_mhz": 1755,
-             "fwd_watts": 650.5, "bwd_watts": 690.0, "fwd_sm_mhz_calls": [1980, 1980]}
+             "fwd_watts": 650.5, "bwd_watts": 690.0, "fwd_sm_mhz_samples": [1980, 1980]}
     r = run.result_from_bench(bench, [100, 80], True)
     assert (r["fwd_sm_mhz"], r["bwd_sm_mhz"], r["fwd_watts"], r["bwd_watts"]) == (
         1980, 1755, 650.5, 690.0)
-    assert "fwd_sm_mhz_calls" not in r  # the per-call lists stay in the command's own report
+    assert "fwd_sm_mhz_samples" not in r  # the samples stay in the command's own report
     timed = run.result_from_bench(dict(bench, fwd_calls=400, bwd_calls=18), [100, 80], True)
     assert (timed["fwd_calls"], timed["bwd_calls"]) == (400, 18)  # do_bench's regime: counts
     assert r["fwd_ms"] == 2.0 and r["path"] == "p"
