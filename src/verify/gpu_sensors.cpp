@@ -20,11 +20,10 @@ constexpr int kNvmlClockSm = 1;
 
 class NvmlSensors final : public GpuSensors {
  public:
-  NvmlSensors(void* lib, NvmlDevice dev, ClockFn clock, PowerFn power)
-      : lib_(lib), dev_(dev), clock_(clock), power_(power) {}
-  // The library stays loaded for the process: NVML keeps its own state, and a later open in the
-  // same process reuses it.
-  ~NvmlSensors() override = default;
+  // The library stays loaded for the process (never closed): NVML keeps its own state, and a
+  // later open in the same process reuses it.
+  NvmlSensors(NvmlDevice dev, ClockFn clock, PowerFn power)
+      : dev_(dev), clock_(clock), power_(power) {}
   bool read(GpuReading* out) override {
     unsigned int mhz = 0, milliwatts = 0;
     if (clock_(dev_, kNvmlClockSm, &mhz) != 0 || power_(dev_, &milliwatts) != 0) return false;
@@ -34,7 +33,6 @@ class NvmlSensors final : public GpuSensors {
   }
 
  private:
-  void* lib_;
   NvmlDevice dev_;
   ClockFn clock_;
   PowerFn power_;
@@ -54,7 +52,7 @@ std::unique_ptr<GpuSensors> open_gpu_sensors(const std::string& pci_bus_id) {
       by_pci(pci_bus_id.c_str(), &dev) != 0) {
     return nullptr;
   }
-  return std::make_unique<NvmlSensors>(lib, dev, clock, power);
+  return std::make_unique<NvmlSensors>(dev, clock, power);
 }
 
 SensorSampler::SensorSampler(std::function<bool(GpuReading*)> read, std::vector<GpuReading>* out)
