@@ -7,6 +7,14 @@ DIR holds the anchor scripts (anchors_torch.py, anchors_jax.py: PyTorch FA2 varl
 dense SDPA; cuDNN through JAX on the packed layout). Every number of one report comes from the same
 run on the same GPU. Writes latest.json ({workload: {implementation: {fwd_tflops, bwd_tflops}}}),
 latest.md (a table) and latest.png (a chart) under --out.
+
+Our processes time in the torch anchors' regime by default, triton.testing.do_bench's (the JAX
+anchors time 30 calls after 3 warm-up calls, wall clock): warm-up calls for
+50 ms, then timed calls for at least 200 ms, each after 256 MiB are zeroed (untimed), the median
+reported. The GPU's clock falls under sustained load, so a shorter regime (--warmup-ms 0
+--min-ms 0 --l2-flush-mb 0: one warm-up call and --repeat timed calls, the tables before
+2026-12-01) measures a faster GPU than the anchors had: up to 13% on one_doc_16k's forward
+(docs/PERFORMANCE.md item 60).
 """
 import argparse
 import datetime
@@ -36,14 +44,17 @@ ANCHOR_KEYS = {
 # and power per direction. They tell a slower GPU from a slower kernel (the same kernels measure
 # up to 9% apart from one process to the next, and a backward right after a slower forward ran
 # 7-9% faster: PERFORMANCE.md item 58).
-GPU_KEYS = ("fwd_sm_mhz", "bwd_sm_mhz", "fwd_watts", "bwd_watts")
+# fwd/bwd_throttled: the share of samples whose clock was held down by power or temperature.
+GPU_KEYS = ("fwd_sm_mhz", "bwd_sm_mhz", "fwd_watts", "bwd_watts", "fwd_throttled",
+            "bwd_throttled")
 
 
 def run_ours(cli, lens, causal, variant_args, repeat, env=None, pause_ms=0, warmup_ms=0,
-             min_ms=0):
+             min_ms=0, l2_flush_mb=0):
     """One process of `raggedattn bench`: its times and rates, and the GPU's clock and power while
     each direction ran (GPU_KEYS). pause_ms: idle time before each direction's warm-up;
-    warmup_ms, min_ms: do_bench's regime (warm-up calls for warmup_ms, timed calls for min_ms)."""
+    warmup_ms, min_ms, l2_flush_mb: do_bench's regime (warm-up calls for warmup_ms, timed calls
+    for min_ms, l2_flush_mb MiB zeroed before each call)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
@@ -52,6 +63,7 @@ def run_ours(cli, lens, causal, variant_args, repeat, env=None, pause_ms=0, warm
         cmd += ["--pause-ms", str(pause_ms)] if pause_ms else []
         cmd += ["--warmup-ms", str(warmup_ms)] if warmup_ms else []
         cmd += ["--min-ms", str(min_ms)] if min_ms else []
+        cmd += ["--l2-flush-mb", str(l2_flush_mb)] if l2_flush_mb else []
         cmd += variant_args
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -118,7 +130,8 @@ def main():
     ap.add_argument("--cli", default="build/tools/raggedattn")
     ap.add_argument("--anchors", help="folder with anchors_torch.py and anchors_jax.py")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=10,
+                    help="timed calls per direction at least (more where --min-ms asks)")
     ap.add_argument("--processes", type=int, default=1,
                     help="run each of our variants in this many processes (every build and "
                          "variant once per round, rounds one after the other) and report the "
@@ -127,10 +140,15 @@ def main():
                     help="idle milliseconds before each direction's warm-up in our processes "
                          "(raggedattn bench --pause-ms), so a direction's time does not depend on "
                          "what ran just before it")
-    ap.add_argument("--warmup-ms", type=int, default=0,
-                    help="with --min-ms: our processes time in triton.testing.do_bench's regime, "
-                         "as the anchor scripts do (do_bench's defaults: 50 and 200 ms)")
-    ap.add_argument("--min-ms", type=int, default=0)
+    ap.add_argument("--warmup-ms", type=int, default=50,
+                    help="warm-up calls for this long before the timed ones (the defaults of "
+                         "this and the next two are triton.testing.do_bench's, the anchors' "
+                         "regime; 0 0 0: one warm-up call and --repeat timed calls)")
+    ap.add_argument("--min-ms", type=int, default=200,
+                    help="timed calls until they have run this long")
+    ap.add_argument("--l2-flush-mb", type=int, default=256,
+                    help="MiB zeroed before each call, untimed, so no call finds the previous "
+                         "one's data in L2")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
@@ -167,7 +185,8 @@ def main():
                 "raggedattn_sm90": ["--backend", "cuda_sm90"]}
     if args.variants:
         variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
-    report = {"date": datetime.date.today().isoformat(), "workloads": {}, "meta": {}}
+    report = {"date": datetime.date.today().isoformat(), "workloads": {},
+              "meta": {"regime": regime_str(args)}}
     try:  # the GPU's name, also when no anchor runs (they report it too)
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True)
@@ -182,7 +201,7 @@ def main():
                 for impl, extra in variants.items():
                     key = impl + (f"_{tag}" if tag else "")
                     r = run_ours(args.cli, lens, causal, extra, args.repeat, env, args.pause_ms,
-                                 args.warmup_ms, args.min_ms)
+                                 args.warmup_ms, args.min_ms, args.l2_flush_mb)
                     runs.setdefault(key, []).append(r)
                     print(name, key, json.dumps(r), flush=True)
         report["workloads"][name] = {key: combine_runs(rs) for key, rs in runs.items()}
@@ -212,6 +231,15 @@ def main():
         print("chart skipped:", e)
 
 
+def regime_str(args):
+    """How our processes timed, for the report: do_bench's regime or the short one."""
+    s = (f"warm-up {args.warmup_ms} ms, timed >= {args.min_ms} ms and >= {args.repeat} calls"
+         if args.warmup_ms or args.min_ms else f"1 warm-up call, {args.repeat} timed calls")
+    s += f", {args.l2_flush_mb} MiB zeroed before each call" if args.l2_flush_mb else ""
+    s += f", {args.pause_ms} ms idle before each direction" if args.pause_ms else ""
+    return s
+
+
 def rate_cell(r, d):
     """A direction's TFLOP/s for the table: the median, and where several processes ran the
     variant (--processes), their range after it, so a table shows the spread between processes
@@ -232,7 +260,10 @@ def table(report):
                 impls.append(impl)
     meta = report.get("meta", {})
     lines = [f"Date {report['date']}, GPU {meta.get('gpu', '?')}, torch {meta.get('torch', '?')}, "
-             f"jax {meta.get('jax', '?')}; bf16, Hq={HQ}, Hkv={HKV}, D={D}; TFLOP/s fwd / bwd.", "",
+             f"jax {meta.get('jax', '?')}; bf16, Hq={HQ}, Hkv={HKV}, D={D}; TFLOP/s fwd / bwd.",
+             f"raggedattn timed: {meta.get('regime', '?')}. Torch anchors: do_bench (warm-up 50 ms, "
+             "timed 200 ms, 256 MiB zeroed before each call); JAX anchors: 3 warm-up and 30 timed "
+             "calls, wall clock.", "",
              "| workload | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
     for name, row in report["workloads"].items():
         cells = []

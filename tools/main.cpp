@@ -43,12 +43,15 @@ commands:
             [--softcap C] [--dtype ..] [--dq-accum ..] [--deterministic] [--padded]
             [--backend ..] [--seed S] [--repeat N] [--no-check]
   bench   time one problem (same problem options), no checking
-            [--repeat N] [--pause-ms MS] [--warmup-ms W --min-ms R] [--json FILE]
+            [--repeat N] [--pause-ms MS] [--warmup-ms W --min-ms R] [--l2-flush-mb MB]
+            [--json FILE]
             --pause-ms: idle time before each direction's warm-up (the GPU's clock settles).
             --warmup-ms, --min-ms: triton's do_bench regime (the anchors'): warm-up calls for
             W ms, then timed calls until N of them have run R ms.
-            Where NVML is present, the SM clock and power, sampled every millisecond while the
-            timed calls run, are printed and written to the JSON (medians, and the samples).
+            --l2-flush-mb: MB MiB zeroed before each call, untimed (do_bench: 256).
+            Where NVML is present, the SM clock, the power and the reasons the clock is held
+            below its maximum, sampled every millisecond while the timed calls run, are printed
+            and written to the JSON (medians, and the samples), with each call's time.
             FLOPs count visible (query, key) pairs only: 2*(Dqk+Dv)*Hq per pair forward,
             2.5x that backward.
   info    the build, the device and the plan of a problem (same problem options)
@@ -68,7 +71,7 @@ struct Options {
   bool have_seed = false;
   uint64_t seed = 0;
   int32_t repeat = -1;
-  int32_t pause_ms = 0, warmup_ms = 0, min_ms = 0;
+  int32_t pause_ms = 0, warmup_ms = 0, min_ms = 0, l2_flush_mb = 0;
   bool no_check = false;
   bool list = false;
   std::string json;
@@ -167,6 +170,8 @@ Options parse(Command cmd, Args& args) {
       o.warmup_ms = parse_int(opt, args.value(opt), 0, 600000);
     } else if (cmd == Command::Bench && opt == "--min-ms") {
       o.min_ms = parse_int(opt, args.value(opt), 0, 600000);
+    } else if (cmd == Command::Bench && opt == "--l2-flush-mb") {
+      o.l2_flush_mb = parse_int(opt, args.value(opt), 0, 4096);
     } else if (cmd == Command::Bench && opt == "--json") {
       o.json = args.value(opt);
       if (o.json.empty()) throw UsageError(opt + ": expected a file name");
@@ -318,19 +323,29 @@ int cmd_check(const Options& o) {
   return verify::print_verdict(std::cout, reports) ? 0 : kExitFail;
 }
 
-// A direction's GPU readings: the median SM clock and its range, the median power.
+// A direction's GPU readings: the median SM clock and its range, the median power, and the share
+// of samples whose clock was held down by power or temperature (with the reasons seen).
 struct Sensed {
   int mhz = 0, mhz_min = 0, mhz_max = 0;
   double watts = 0;
+  bool instant_watts = false;
+  double throttled = 0;  // share of samples with a kSlowdownThrottling reason
+  uint64_t reasons = 0;  // those reasons, over all samples
 };
 Sensed sensed(const std::vector<verify::GpuReading>& rs) {
   Sensed s;
   if (rs.empty()) return s;
   std::vector<int> m;
   std::vector<double> w;
+  int throttled = 0;
+  s.instant_watts = true;
   for (const verify::GpuReading& r : rs) {
     m.push_back(r.sm_mhz);
     w.push_back(r.watts);
+    s.instant_watts = s.instant_watts && r.instant_watts;
+    const uint64_t bits = r.slowdown & verify::kSlowdownThrottling;
+    throttled += bits != 0;
+    s.reasons |= bits;
   }
   std::sort(m.begin(), m.end());
   std::sort(w.begin(), w.end());
@@ -338,7 +353,17 @@ Sensed sensed(const std::vector<verify::GpuReading>& rs) {
   s.mhz_min = m.front();
   s.mhz_max = m.back();
   s.watts = w[w.size() / 2];
+  s.throttled = double(throttled) / double(rs.size());
   return s;
+}
+
+std::string sensed_str(const Sensed& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%d MHz (%d-%d), %.0f W%s, held down in %.0f%% of samples%s%s%s",
+                s.mhz, s.mhz_min, s.mhz_max, s.watts, s.instant_watts ? "" : " (1 s average)",
+                100 * s.throttled, s.reasons ? " (" : "", verify::slowdown_names(s.reasons).c_str(),
+                s.reasons ? ")" : "");
+  return buf;
 }
 
 void print_times(const CaseSpec& spec, const CaseReport& r) {
@@ -346,19 +371,18 @@ void print_times(const CaseSpec& spec, const CaseReport& r) {
   auto tflops = [](double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
   std::printf("forward  %10.4f ms  %8.2f TFLOP/s\n", r.fwd_ms, tflops(ff, r.fwd_ms));
   std::printf("backward %10.4f ms  %8.2f TFLOP/s\n", r.bwd_ms, tflops(bf, r.bwd_ms));
-  const std::string how = !r.timed_runs ? std::string("one run, wall clock")
-                          : r.fwd_calls == r.bwd_calls
-                              ? "median of " + std::to_string(r.fwd_calls) + " runs after warm-up"
-                              : "median of " + std::to_string(r.fwd_calls) + " forward and " +
-                                    std::to_string(r.bwd_calls) + " backward runs after warm-up";
+  const std::string how =
+      !r.timed_runs ? std::string("one run, wall clock")
+      : r.fwd_call_ms.size() == r.bwd_call_ms.size()
+          ? "median of " + std::to_string(r.fwd_call_ms.size()) + " runs after warm-up"
+          : "median of " + std::to_string(r.fwd_call_ms.size()) + " forward and " +
+                std::to_string(r.bwd_call_ms.size()) + " backward runs after warm-up";
   std::printf("(%s; %" PRId64 " visible pairs, %.4g fwd FLOP, %.4g bwd FLOP)\n", how.c_str(),
               verify::visible_pairs(spec), ff, bf);
   if (!r.fwd_readings.empty() || !r.bwd_readings.empty()) {
-    const Sensed f = sensed(r.fwd_readings), b = sensed(r.bwd_readings);
-    std::printf(
-        "GPU while timed (median, min-max): forward %d MHz (%d-%d), %.0f W; "
-        "backward %d MHz (%d-%d), %.0f W\n",
-        f.mhz, f.mhz_min, f.mhz_max, f.watts, b.mhz, b.mhz_min, b.mhz_max, b.watts);
+    std::printf("GPU while timed (median, min-max):\n  forward  %s\n  backward %s\n",
+                sensed_str(sensed(r.fwd_readings)).c_str(),
+                sensed_str(sensed(r.bwd_readings)).c_str());
   }
 }
 
@@ -374,6 +398,7 @@ int cmd_run(const Options& o, bool bench) {
   run.pause_ms = o.pause_ms;
   run.warmup_ms = o.warmup_ms;
   run.min_timed_ms = o.min_ms;
+  run.l2_flush_bytes = size_t(o.l2_flush_mb) << 20;
   print_header(o);
   const CaseReport r = verify::run_case(o.spec, run);
   if (run.check) {
@@ -399,8 +424,16 @@ int cmd_run(const Options& o, bool bench) {
       << ",\n  \"fwd_tflops\": " << (r.fwd_ms > 0 ? ff / r.fwd_ms * 1e-9 : 0.0)
       << ",\n  \"bwd_tflops\": " << (r.bwd_ms > 0 ? bf / r.bwd_ms * 1e-9 : 0.0)
       << ",\n  \"pause_ms\": " << o.pause_ms << ",\n  \"warmup_ms\": " << o.warmup_ms
-      << ",\n  \"min_ms\": " << o.min_ms << ",\n  \"fwd_calls\": " << r.fwd_calls
-      << ",\n  \"bwd_calls\": " << r.bwd_calls;
+      << ",\n  \"min_ms\": " << o.min_ms << ",\n  \"l2_flush_mb\": " << o.l2_flush_mb
+      << ",\n  \"fwd_calls\": " << r.fwd_call_ms.size()
+      << ",\n  \"bwd_calls\": " << r.bwd_call_ms.size();
+    for (const auto& [dir, ms] :
+         {std::pair<const char*, const std::vector<double>*>{"fwd", &r.fwd_call_ms},
+          {"bwd", &r.bwd_call_ms}}) {
+      f << ",\n  \"" << dir << "_call_ms\": [";
+      for (size_t i = 0; i < ms->size(); ++i) f << (i ? ", " : "") << (*ms)[i];
+      f << "]";
+    }
     // The GPU's SM clock and power sampled while the timed calls ran, where NVML could read them.
     for (const auto& [dir, rs] :
          {std::pair<const char*, const std::vector<verify::GpuReading>*>{"fwd", &r.fwd_readings},
@@ -408,10 +441,15 @@ int cmd_run(const Options& o, bool bench) {
       if (rs->empty()) continue;
       const Sensed s = sensed(*rs);
       f << ",\n  \"" << dir << "_sm_mhz\": " << s.mhz << ",\n  \"" << dir << "_watts\": " << s.watts
+        << ",\n  \"" << dir << "_watts_instant\": " << (s.instant_watts ? "true" : "false")
+        << ",\n  \"" << dir << "_throttled\": " << s.throttled << ",\n  \"" << dir
+        << "_throttle_reasons\": \"" << verify::slowdown_names(s.reasons) << "\""
         << ",\n  \"" << dir << "_sm_mhz_samples\": [";
       for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].sm_mhz;
       f << "],\n  \"" << dir << "_watts_samples\": [";
       for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].watts;
+      f << "],\n  \"" << dir << "_slowdown_samples\": [";
+      for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].slowdown;
       f << "]";
     }
     f << "\n}\n";

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,8 +18,26 @@ namespace verify {
 
 struct GpuReading {
   int sm_mhz = 0;    // the SM clock now
-  double watts = 0;  // the board's power draw (NVML averages it over about a second)
+  double watts = 0;  // the board's power draw now where the driver reports it (NVML's instant
+                     // field), else its average over about a second
+  bool instant_watts = false;  // which of the two `watts` is
+  // Why the clock is below its maximum now (NVML's clock event reasons; 0 where unread): the bits
+  // below. A GPU that slows under its power limit shows kPowerCap, not always a lower clock.
+  uint64_t slowdown = 0;
 };
+
+// The bits of GpuReading::slowdown (nvmlClocksEventReason*: nvml.h).
+constexpr uint64_t kSlowdownIdle = 0x1;
+constexpr uint64_t kSlowdownPowerCap = 0x4;       // software power cap
+constexpr uint64_t kSlowdownHw = 0x8;             // hardware slowdown (power or thermal)
+constexpr uint64_t kSlowdownSwThermal = 0x20;     // software thermal slowdown
+constexpr uint64_t kSlowdownHwThermal = 0x40;     // hardware thermal slowdown
+constexpr uint64_t kSlowdownHwPowerBrake = 0x80;  // hardware power brake
+// The reasons that take clock cycles from a busy GPU (not idling, not a clock setting).
+constexpr uint64_t kSlowdownThrottling = kSlowdownPowerCap | kSlowdownHw | kSlowdownSwThermal |
+                                         kSlowdownHwThermal | kSlowdownHwPowerBrake;
+// "power cap+hw slowdown" for the reasons in `bits` among kSlowdownThrottling's; "" for none.
+std::string slowdown_names(uint64_t bits);
 
 class GpuSensors {
  public:

@@ -31,6 +31,10 @@ class HostMemory : public Memory {
     if (bytes) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
+  Status zero(void* dst, size_t bytes) override {
+    if (bytes) std::memset(dst, 0, bytes);
+    return Status::Ok();
+  }
   Status time(const std::function<Status()>& fn, double* ms) override {
     const auto t0 = std::chrono::steady_clock::now();
     Status s = fn();
@@ -74,6 +78,10 @@ class DeviceMemory : public Memory {
     // Synchronizing copy: also surfaces errors of kernels still in flight.
     if (!bytes) return cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+  }
+  Status zero(void* dst, size_t bytes) override {
+    if (!bytes) return Status::Ok();
+    return cuda_status(cudaMemsetAsync(dst, 0, bytes, nullptr), "cudaMemsetAsync");
   }
   Status time(const std::function<Status()>& fn, double* ms) override {
     if (!start_) {

@@ -19,6 +19,9 @@ class Memory {
   virtual Status alloc(size_t bytes, void** ptr) = 0;
   virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual Status download(void* host_dst, const void* src, size_t bytes) = 0;
+  // Sets `bytes` bytes at dst to zero, ordered before what runs next (on the device: queued on
+  // the default stream, not waited for).
+  virtual Status zero(void* dst, size_t bytes) = 0;
   // Runs fn and returns the milliseconds it took where the work runs: wall clock on the host,
   // CUDA events around it on the default stream (fn only enqueues there).
   virtual Status time(const std::function<Status()>& fn, double* ms) = 0;

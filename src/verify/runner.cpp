@@ -295,32 +295,37 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
       // Each direction: an optional pause, the warm-up, then the timed calls (RunOptions), with
       // the GPU's clock and power sampled meanwhile.
       constexpr int kMaxCalls = 100000;
-      auto time_direction = [&](const std::function<Status()>& fn, double* median_ms, int* calls,
+      void* flush = nullptr;
+      RATTN_RETURN_IF_ERROR(mem->alloc(opt.l2_flush_bytes, &flush));
+      auto timed_call = [&](const std::function<Status()>& fn, double* ms) -> Status {
+        RATTN_RETURN_IF_ERROR(mem->zero(flush, opt.l2_flush_bytes));
+        return mem->time(fn, ms);
+      };
+      auto time_direction = [&](const std::function<Status()>& fn, double* median_ms,
+                                std::vector<double>* times,
                                 std::vector<GpuReading>* readings) -> Status {
         if (opt.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt.pause_ms));
         double ms = 0, warm = 0;
         for (int i = 0; i == 0 || (warm < opt.warmup_ms && i < kMaxCalls); ++i) {
-          RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));
+          RATTN_RETURN_IF_ERROR(timed_call(fn, &ms));
           warm += ms;
         }
         SensorSampler sampler([&](GpuReading* g) { return mem->read_sensors(g); }, readings);
-        std::vector<double> times;
         double total = 0;
-        while (int(times.size()) < opt.timing_runs ||
-               (total < opt.min_timed_ms && int(times.size()) < kMaxCalls)) {
-          RATTN_RETURN_IF_ERROR(mem->time(fn, &ms));
-          times.push_back(ms);
+        while (int(times->size()) < opt.timing_runs ||
+               (total < opt.min_timed_ms && int(times->size()) < kMaxCalls)) {
+          RATTN_RETURN_IF_ERROR(timed_call(fn, &ms));
+          times->push_back(ms);
           total += ms;
         }
         sampler.stop();
-        *median_ms = median(times);
-        *calls = int(times.size());
+        *median_ms = median(*times);
         return Status::Ok();
       };
       stage = "forward";
-      RATTN_RETURN_IF_ERROR(time_direction(fwd, &r.fwd_ms, &r.fwd_calls, &r.fwd_readings));
+      RATTN_RETURN_IF_ERROR(time_direction(fwd, &r.fwd_ms, &r.fwd_call_ms, &r.fwd_readings));
       stage = "backward";
-      RATTN_RETURN_IF_ERROR(time_direction(bwd, &r.bwd_ms, &r.bwd_calls, &r.bwd_readings));
+      RATTN_RETURN_IF_ERROR(time_direction(bwd, &r.bwd_ms, &r.bwd_call_ms, &r.bwd_readings));
       r.timed_runs = opt.timing_runs;
     }
     return Status::Ok();

@@ -42,6 +42,9 @@ struct RunOptions {
   // timing_runs of them and they have run min_timed_ms in all. 0, 0: one warm-up call and
   // timing_runs timed calls.
   int warmup_ms = 0, min_timed_ms = 0;
+  // > 0: before each warm-up and timed call, this many bytes of a buffer of their own are zeroed
+  // (not timed), so no call finds its inputs in L2 from the call before: do_bench zeroes 256 MiB.
+  size_t l2_flush_bytes = 0;
   const DeviceCaps* caps = nullptr;  // nullptr: query_device()
 };
 
@@ -68,11 +71,11 @@ struct CaseReport {
 
   double fwd_ms = 0, bwd_ms = 0;  // median of timing_runs, else the checked run's time
   int timed_runs = 0;
-  int fwd_calls = 0, bwd_calls = 0;  // timed calls per direction (more than timed_runs where
-                                     // min_timed_ms asked for more)
   // The GPU's SM clock and power, sampled about every millisecond while each direction's timed
   // calls ran (gpu_sensors.hpp's SensorSampler; empty where they cannot be read).
   std::vector<GpuReading> fwd_readings, bwd_readings;
+  // Each timed call's time, in order (more calls than timed_runs where min_timed_ms asked).
+  std::vector<double> fwd_call_ms, bwd_call_ms;
   double check_ms = 0;  // time spent computing the reference
   bool pass = false;
 

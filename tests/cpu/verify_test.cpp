@@ -329,6 +329,29 @@ TEST(Runner, CpuPathReportsDenseModeTimingsAndPath) {
   EXPECT_GT(r.fwd_ms, 0.0);
   EXPECT_EQ(r.path.rfind("cpu fp32", 0), 0u) << r.path;
   EXPECT_EQ(r.nondeterministic, -1);
+  ASSERT_EQ(r.fwd_call_ms.size(), 2u);
+  ASSERT_EQ(r.bwd_call_ms.size(), 2u);
+  EXPECT_EQ(r.fwd_ms, (r.fwd_call_ms[0] + r.fwd_call_ms[1]) / 2);  // median of the calls kept
+}
+
+// do_bench's regime with its cache flush: timed calls until they have run min_timed_ms (more than
+// timing_runs), each after the flush buffer is zeroed; every call's time is kept.
+TEST(Runner, TimedCallsRunUntilTheMinimumTimeWithTheFlushBetween) {
+  verify::CaseSpec c = verify::named_suite(2, 1)[1];
+  c.backend = RATTN_BACKEND_CPU;
+  c.dtype = RATTN_DTYPE_FP32;
+  verify::RunOptions opt;
+  opt.check = false;
+  opt.timing_runs = 1;
+  opt.min_timed_ms = 20;
+  opt.l2_flush_bytes = size_t(1) << 20;
+  const verify::CaseReport r = verify::run_case(c, opt);
+  ASSERT_EQ(r.status, RATTN_SUCCESS) << r.error;
+  ASSERT_GE(r.fwd_call_ms.size(), 1u);
+  double total = 0;
+  for (double ms : r.fwd_call_ms) total += ms;
+  EXPECT_GE(total, 20.0);
+  EXPECT_LT(total - r.fwd_call_ms.back(), 20.0);  // no call past the minimum
 }
 
 TEST(Runner, DeterministicBackwardIsComparedBitwise) {
@@ -376,6 +399,17 @@ TEST(Report, TableHasARowPerSegmentAndMarksFailures) {
 // (CI) it does not open at all. Either way: no sensors, and no crash.
 TEST(GpuSensors, NoSensorsAtABusIdWithoutAGpu) {
   EXPECT_EQ(raggedattn::verify::open_gpu_sensors("ffff:ff:1f.7"), nullptr);
+}
+
+// The reasons a busy GPU's clock is held down, named; idling is not one of them.
+TEST(GpuSensors, SlowdownReasonsAreNamed) {
+  using namespace raggedattn::verify;
+  EXPECT_EQ(slowdown_names(0), "");
+  EXPECT_EQ(slowdown_names(kSlowdownIdle), "");
+  EXPECT_EQ(slowdown_names(kSlowdownPowerCap), "power cap");
+  EXPECT_EQ(slowdown_names(kSlowdownPowerCap | kSlowdownHwPowerBrake | kSlowdownIdle),
+            "power cap+hw power brake");
+  EXPECT_EQ(kSlowdownThrottling & kSlowdownIdle, 0u);
 }
 
 // The timing loop's sampler: reads on its own thread until stopped, keeps what it read, in order;

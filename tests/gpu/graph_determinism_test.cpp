@@ -224,4 +224,6 @@ TEST(GpuSensors, DeviceMemoryReadsTheSmClockAndPower) {
   EXPECT_LT(g.sm_mhz, 5000);
   EXPECT_GT(g.watts, 1.0);
   EXPECT_LT(g.watts, 3000.0);
+  // Reasons outside NVML's defined bits (0x1..0x100) would mean a misread value.
+  EXPECT_EQ(g.slowdown & ~uint64_t(0x1ff), 0u) << g.slowdown;
 }

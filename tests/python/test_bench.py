@@ -66,3 +66,15 @@ def test_gpu_readings_from_the_bench_report_and_per_process():
     plain = run.result_from_bench({"fwd_ms": 2.0, "bwd_ms": 8.0}, [100, 80], True)
     assert "fwd_sm_mhz" not in plain
     assert "fwd_sm_mhz_runs" not in run.combine_runs([r, plain])
+
+
+def test_the_report_says_how_our_processes_timed():
+    class Args:
+        warmup_ms, min_ms, repeat, l2_flush_mb, pause_ms = 50, 200, 10, 256, 0
+    assert run.regime_str(Args) == ("warm-up 50 ms, timed >= 200 ms and >= 10 calls, "
+                                    "256 MiB zeroed before each call")
+    Args.warmup_ms = Args.min_ms = Args.l2_flush_mb = 0
+    assert run.regime_str(Args) == "1 warm-up call, 10 timed calls"
+    report = {"date": "d", "meta": {"regime": run.regime_str(Args)},
+              "workloads": {"w": {"ours": _result(2.0, 8.0)}}}
+    assert "raggedattn timed: 1 warm-up call, 10 timed calls." in run.table(report)
