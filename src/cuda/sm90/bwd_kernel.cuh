@@ -293,6 +293,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dv[f][e] = 0.f;
 
+    // The query rows that see any of this warpgroup's keys inside the segment, [k_lo, k_hi):
+    // rows [query_begin(k_lo), query_end(k_hi - 1)), both ends non-decreasing in the key
+    // (mask.hpp); empty where the warpgroup has no key inside the segment. Two registers for the
+    // loop (the per-step test on the key range measured 28 B more spills at D = 128).
+    int seen_lo = 0, seen_hi = 0;
+    if constexpr (!SPLIT) {
+      const int k_lo = n0 + key0, k_hi = n0 + min(keys, key0 + 64);
+      if (k_hi > k_lo) {
+        seen_lo = p.mask.query_begin(k_lo, seg.len_q, seg.len_kv);
+        seen_hi = p.mask.query_end(k_hi - 1, seg.len_q, seg.len_kv);
+      }
+    }
     if (n_it > 0) mbar_wait(kv_full, 0);
     for (int it = 0, qt = 0; it < n_it; ++it, qt = qt + 1 == m_count ? 0 : qt + 1) {
       const int buf = it % STAGES;
@@ -309,146 +321,163 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                do_buf = do_addr + buf * uint32_t(L.do_stage);
       asm volatile("" : "+r"(k_base), "+r"(v_base), "+r"(ds_base), "+r"(q_buf), "+r"(do_buf));
 
-      // S^T = K_c Q^T and dP^T = V_c dO^T: [64 keys x 64 queries] each, both operands K-major:
-      // 64 rows of K (V) from key0, all 64 rows of Q (dO), over the head dim's panels.
-      float st[BM / 8][4], dpt[BM / 8][4];
-      // ksteps: the k16 steps over the head dim of the operands (Dqk for S^T, Dv for dP^T),
-      // constants at both calls. (A compile-time parameter here, a generic lambda's
-      // integral_constant, crashes nvcc 13.0's front end inside the generic consume lambda.)
-      // keys, queries: the descriptors of the operands' first k-step (desc_advance).
-      auto issue_scores = [&](int ksteps, float(&acc)[BM / 8][4], uint64_t keys, uint64_t queries) {
+      // An idle step (key split only): no row of the step sees any of this warpgroup's keys
+      // inside the segment (a causal diagonal key tile's first query tile, for warpgroup 1; keys
+      // past the segment's end). P^T and dS^T are then zero: no score products, no dV or dK, the
+      // warpgroup's dS^T rows in shared memory set to zero for the other's dQ, and only its dQ
+      // columns computed. [seen_lo, seen_hi): the rows that see any of its keys (below).
+      const bool idle = !SPLIT && (min(m0 + BM, seg.len_q) <= seen_lo || m0 >= seen_hi);
+      if (idle) {
+        const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+        const uint32_t zero[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-        for (int kk = 0; kk < ksteps; ++kk) {
-          const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-          ss_m64n64k16<T>(acc, desc_advance(keys, panel * BN * kSwizzleBytes + within),
-                          desc_advance(queries, panel * BM * kSwizzleBytes + within),
-                          kk > 0 ? 1 : 0);
+        for (int kc = 0; kc < QSTEPS; ++kc) {
+          stmatrix_x4(ds_base + swizzled_offset(BN, st_row, 2 * kc + lane / 16), zero);
         }
-        wgmma_commit();
-      };
-      wgmma_fence();
-      issue_scores(DQK / 16, st, desc_k_major(k_base + key0 * kSwizzleBytes),
-                   desc_k_major(q_buf));  // group: S^T
-      issue_scores(DV / 16, dpt, desc_k_major(v_base + key0 * kSwizzleBytes),
-                   desc_k_major(do_buf));  // group: dP^T
+        fence_proxy_async_smem();
+      } else {
+        // S^T = K_c Q^T and dP^T = V_c dO^T: [64 keys x 64 queries] each, both operands K-major:
+        // 64 rows of K (V) from key0, all 64 rows of Q (dO), over the head dim's panels.
+        float st[BM / 8][4], dpt[BM / 8][4];
+        // ksteps: the k16 steps over the head dim of the operands (Dqk for S^T, Dv for dP^T),
+        // constants at both calls. (A compile-time parameter here, a generic lambda's
+        // integral_constant, crashes nvcc 13.0's front end inside the generic consume lambda.)
+        // keys, queries: the descriptors of the operands' first k-step (desc_advance).
+        auto issue_scores = [&](int ksteps, float(&acc)[BM / 8][4], uint64_t keys,
+                                uint64_t queries) {
+#pragma unroll
+          for (int kk = 0; kk < ksteps; ++kk) {
+            const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+            ss_m64n64k16<T>(acc, desc_advance(keys, panel * BN * kSwizzleBytes + within),
+                            desc_advance(queries, panel * BM * kSwizzleBytes + within),
+                            kk > 0 ? 1 : 0);
+          }
+          wgmma_commit();
+        };
+        wgmma_fence();
+        issue_scores(DQK / 16, st, desc_k_major(k_base + key0 * kSwizzleBytes),
+                     desc_k_major(q_buf));  // group: S^T
+        issue_scores(DV / 16, dpt, desc_k_major(v_base + key0 * kSwizzleBytes),
+                     desc_k_major(do_buf));  // group: dP^T
 
-      // P^T and dS^T, packed into the register A operands of dV and dK (a[kc] holds columns
-      // 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their statistics
-      // come from the stage's shared-memory copies, one column pair at a time.
-      uint32_t a_p[QSTEPS][4], a_ds[QSTEPS][4];
-      const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
-      const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
-      const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
-      // Two passes: the first (P^T, or tanh of the scores under a soft cap) runs while dP^T is
-      // still in flight; the second forms dS^T once it has landed.
-      auto score_tile = [&](auto softcap) {
-        constexpr bool kSoftcap = decltype(softcap)::value;
-        wgmma_wait<1>();
-        pin(st);
-        // The queries this thread's two key rows see, made only for a step the mask does not
-        // leave whole (`full`, the same for the warpgroup).
-        portable::KeyRowMask km[2] = {};
-        if (!full) {
-          km[0] = portable::key_row_mask(p.mask, n0 + row_a, seg);
-          km[1] = portable::key_row_mask(p.mask, n0 + row_a + 8, seg);
-        }
-        // P^T without a branch per element: a whole step takes the exponentials alone; another
-        // sends its hidden scores to exp2(-inf) = 0.
-        auto probs = [&](auto masked) {
-          constexpr bool kMasked = decltype(masked)::value;
+        // P^T and dS^T, packed into the register A operands of dV and dK (a[kc] holds columns
+        // 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their statistics
+        // come from the stage's shared-memory copies, one column pair at a time.
+        uint32_t a_p[QSTEPS][4], a_ds[QSTEPS][4];
+        const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
+        const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
+        const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
+        // Two passes: the first (P^T, or tanh of the scores under a soft cap) runs while dP^T is
+        // still in flight; the second forms dS^T once it has landed.
+        auto score_tile = [&](auto softcap) {
+          constexpr bool kSoftcap = decltype(softcap)::value;
+          wgmma_wait<1>();
+          pin(st);
+          // The queries this thread's two key rows see, made only for a step the mask does not
+          // leave whole (`full`, the same for the warpgroup).
+          portable::KeyRowMask km[2] = {};
+          if (!full) {
+            km[0] = portable::key_row_mask(p.mask, n0 + row_a, seg);
+            km[1] = portable::key_row_mask(p.mask, n0 + row_a + 8, seg);
+          }
+          // P^T without a branch per element: a whole step takes the exponentials alone; another
+          // sends its hidden scores to exp2(-inf) = 0.
+          auto probs = [&](auto masked) {
+            constexpr bool kMasked = decltype(masked)::value;
+#pragma unroll
+            for (int f = 0; f < BM / 8; ++f) {
+              const int qc = f * 8 + 2 * (lane % 4);
+              const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
+              const float lse2[2] = {lse.x * portable::kLog2e, lse.y * portable::kLog2e};
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                float x = st[f][e] * p.scale_log2 - lse2[e % 2];
+                if constexpr (kMasked) {
+                  x = km[e / 2].sees(m0 + qc + e % 2) ? x : -INFINITY;
+                }
+                st[f][e] = portable::fast_exp2(x);
+              }
+            }
+          };
+          if constexpr (kSoftcap) {
+#pragma unroll
+            for (int f = 0; f < BM / 8; ++f)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) st[f][e] = portable::capped_tanh(p, st[f][e]);
+          } else if (full) {
+            probs(std::false_type{});
+          } else {
+            probs(std::true_type{});
+          }
+          wgmma_wait<0>();
+          pin(dpt);
 #pragma unroll
           for (int f = 0; f < BM / 8; ++f) {
             const int qc = f * 8 + 2 * (lane % 4);
-            const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
-            const float lse2[2] = {lse.x * portable::kLog2e, lse.y * portable::kLog2e};
+            const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc);
+            float2 lse2 = make_float2(0.f, 0.f);
+            if constexpr (kSoftcap) {
+              lse2 = *reinterpret_cast<const float2*>(s_lse + qc);
+              lse2.x *= portable::kLog2e;
+              lse2.y *= portable::kLog2e;
+            }
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float x = st[f][e] * p.scale_log2 - lse2[e % 2];
-              if constexpr (kMasked) {
-                x = km[e / 2].sees(m0 + qc + e % 2) ? x : -INFINITY;
+            for (int half = 0; half < 2; ++half) {
+              float pr[2], ds[2];
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float dp = dpt[f][2 * half + e] - (e ? dsum.y : dsum.x);
+                if constexpr (kSoftcap) {
+                  const float t = st[f][2 * half + e];
+                  pr[e] = portable::capped_prob(p, t, e ? lse2.y : lse2.x,
+                                                full || km[half].sees(m0 + qc + e));
+                  ds[e] = pr[e] * dp * (1.f - t * t);
+                } else {
+                  pr[e] = st[f][2 * half + e];
+                  ds[e] = pr[e] * dp;
+                }
               }
-              st[f][e] = portable::fast_exp2(x);
+              a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
+              a_ds[f / 2][2 * (f % 2) + half] = Mma::pack(ds[0], ds[1]);
             }
           }
         };
-        if constexpr (kSoftcap) {
-#pragma unroll
-          for (int f = 0; f < BM / 8; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st[f][e] = portable::capped_tanh(p, st[f][e]);
-        } else if (full) {
-          probs(std::false_type{});
+        if (p.softcap > 0.f) {
+          score_tile(std::true_type{});
         } else {
-          probs(std::true_type{});
+          score_tile(std::false_type{});
         }
-        wgmma_wait<0>();
-        pin(dpt);
-#pragma unroll
-        for (int f = 0; f < BM / 8; ++f) {
-          const int qc = f * 8 + 2 * (lane % 4);
-          const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc);
-          float2 lse2 = make_float2(0.f, 0.f);
-          if constexpr (kSoftcap) {
-            lse2 = *reinterpret_cast<const float2*>(s_lse + qc);
-            lse2.x *= portable::kLog2e;
-            lse2.y *= portable::kLog2e;
-          }
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            float pr[2], ds[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float dp = dpt[f][2 * half + e] - (e ? dsum.y : dsum.x);
-              if constexpr (kSoftcap) {
-                const float t = st[f][2 * half + e];
-                pr[e] = portable::capped_prob(p, t, e ? lse2.y : lse2.x,
-                                              full || km[half].sees(m0 + qc + e));
-                ds[e] = pr[e] * dp * (1.f - t * t);
-              } else {
-                pr[e] = st[f][2 * half + e];
-                ds[e] = pr[e] * dp;
-              }
-            }
-            a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
-            a_ds[f / 2][2 * (f % 2) + half] = Mma::pack(ds[0], ds[1]);
-          }
-        }
-      };
-      if (p.softcap > 0.f) {
-        score_tile(std::true_type{});
-      } else {
-        score_tile(std::false_type{});
-      }
 
-      // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ: before
-      // dV and dK are issued, because a wgmma's register A operand (a_ds) may not be read by
-      // other instructions while the wgmma is in flight. a_ds[kc] is four 8x8 tiles (query
-      // chunks 2kc and 2kc + 1, each for the warp's key rows 0-7 and 8-15): one stmatrix, lane l
-      // giving row l % 8 of tile l / 8.
-      {
-        const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+        // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ: before
+        // dV and dK are issued, because a wgmma's register A operand (a_ds) may not be read by
+        // other instructions while the wgmma is in flight. a_ds[kc] is four 8x8 tiles (query
+        // chunks 2kc and 2kc + 1, each for the warp's key rows 0-7 and 8-15): one stmatrix, lane l
+        // giving row l % 8 of tile l / 8.
+        {
+          const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+#pragma unroll
+          for (int kc = 0; kc < QSTEPS; ++kc) {
+            stmatrix_x4(ds_base + swizzled_offset(BN, st_row, 2 * kc + lane / 16), a_ds[kc]);
+          }
+        }
+        fence_proxy_async_smem();
+
+        // dV += P^T dO and dK += dS^T Q (A from registers, B N-major: its rows are this step's
+        // queries, its columns this warpgroup's columns of dV (dK), from dv0 (dk0)), in flight
+        // while this warpgroup waits at the dS^T barrier.
+        wgmma_fence();
+        const uint64_t do_cols = desc_mn_major(do_buf + col_offset(dv0, BM), BM * kSwizzleBytes);
+        const uint64_t q_cols = desc_mn_major(q_buf + col_offset(dk0, BM), BM * kSwizzleBytes);
 #pragma unroll
         for (int kc = 0; kc < QSTEPS; ++kc) {
-          stmatrix_x4(ds_base + swizzled_offset(BN, st_row, 2 * kc + lane / 16), a_ds[kc]);
+          accumulate_rs<T, DVN>(acc_dv, a_p[kc], desc_advance(do_cols, kc * 16 * kSwizzleBytes));
         }
-      }
-      fence_proxy_async_smem();
-
-      // dV += P^T dO and dK += dS^T Q (A from registers, B N-major: its rows are this step's
-      // queries, its columns this warpgroup's columns of dV (dK), from dv0 (dk0)), in flight
-      // while this warpgroup waits at the dS^T barrier.
-      wgmma_fence();
-      const uint64_t do_cols = desc_mn_major(do_buf + col_offset(dv0, BM), BM * kSwizzleBytes);
-      const uint64_t q_cols = desc_mn_major(q_buf + col_offset(dk0, BM), BM * kSwizzleBytes);
 #pragma unroll
-      for (int kc = 0; kc < QSTEPS; ++kc) {
-        accumulate_rs<T, DVN>(acc_dv, a_p[kc], desc_advance(do_cols, kc * 16 * kSwizzleBytes));
-      }
-#pragma unroll
-      for (int kc = 0; kc < QSTEPS; ++kc) {
-        accumulate_rs<T, DKN>(acc_dk, a_ds[kc], desc_advance(q_cols, kc * 16 * kSwizzleBytes));
-      }
-      wgmma_commit();
+        for (int kc = 0; kc < QSTEPS; ++kc) {
+          accumulate_rs<T, DKN>(acc_dk, a_ds[kc], desc_advance(q_cols, kc * 16 * kSwizzleBytes));
+        }
+        wgmma_commit();
+      }  // not idle
       if constexpr (SPLIT) {
         // This warpgroup's dS^T rows are in (its own copy). Constant ids: a computed one makes
         // ptxas reserve all 16.
