@@ -125,17 +125,11 @@ def run_anchor(script, timeout):
             return json.load(f)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--cli", default="build/tools/raggedattn")
-    ap.add_argument("--anchors", help="folder with anchors_torch.py and anchors_jax.py")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+def add_timing_args(ap):
+    """The options of how our processes time (run.py and sweep.py): by default the PyTorch anchors'
+    regime, triton.testing.do_bench's (module docstring)."""
     ap.add_argument("--repeat", type=int, default=10,
                     help="timed calls per direction at least (more where --min-ms asks)")
-    ap.add_argument("--processes", type=int, default=1,
-                    help="run each of our variants in this many processes (every build and "
-                         "variant once per round, rounds one after the other) and report the "
-                         "median time: one process's number can sit in one of two modes")
     ap.add_argument("--pause-ms", type=int, default=0,
                     help="idle milliseconds before each direction's warm-up in our processes "
                          "(raggedattn bench --pause-ms), so a direction's time does not depend on "
@@ -149,6 +143,24 @@ def main():
     ap.add_argument("--l2-flush-mb", type=int, default=256,
                     help="MiB zeroed before each call, untimed, so no call finds the previous "
                          "one's data in L2")
+
+
+def timing_kwargs(args):
+    """run_ours's keyword arguments from add_timing_args's options."""
+    return dict(pause_ms=args.pause_ms, warmup_ms=args.warmup_ms, min_ms=args.min_ms,
+                l2_flush_mb=args.l2_flush_mb)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--cli", default="build/tools/raggedattn")
+    ap.add_argument("--anchors", help="folder with anchors_torch.py and anchors_jax.py")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run each of our variants in this many processes (every build and "
+                         "variant once per round, rounds one after the other) and report the "
+                         "median time: one process's number can sit in one of two modes")
+    add_timing_args(ap)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
@@ -200,8 +212,8 @@ def main():
             for tag, env in builds:
                 for impl, extra in variants.items():
                     key = impl + (f"_{tag}" if tag else "")
-                    r = run_ours(args.cli, lens, causal, extra, args.repeat, env, args.pause_ms,
-                                 args.warmup_ms, args.min_ms, args.l2_flush_mb)
+                    r = run_ours(args.cli, lens, causal, extra, args.repeat, env,
+                                 **timing_kwargs(args))
                     runs.setdefault(key, []).append(r)
                     print(name, key, json.dumps(r), flush=True)
         report["workloads"][name] = {key: combine_runs(rs) for key, rs in runs.items()}

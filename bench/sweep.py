@@ -7,7 +7,7 @@ Hopper path runs the portable forward).
 
 Each point packs documents of one length into --tokens tokens (causal unless --full), bf16,
 Hq = 32, Hkv = 8, D = 128 (the standard workloads' shape), and times every --backends path with
-`raggedattn bench`. Writes sweep.json ({length: {backend: {fwd_tflops, bwd_tflops, path}}}) and
+`raggedattn bench`, in the anchors' timing regime by default (bench/run.py's options). Writes sweep.json ({length: {backend: {fwd_tflops, bwd_tflops, path}}}) and
 sweep.md (one table, the faster path of each direction in bold) under --out.
 """
 import argparse
@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import run_ours  # noqa: E402
+from run import add_timing_args, run_ours, timing_kwargs  # noqa: E402
 
 
 def main():
@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--backends", default="cuda_portable,cuda_sm90")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--full", action="store_true", help="no causal mask")
-    ap.add_argument("--repeat", type=int, default=10)
+    add_timing_args(ap)  # the anchors' regime by default, as bench/run.py
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",") if x]
     backends = [b for b in a.backends.split(",") if b]
@@ -39,7 +39,8 @@ def main():
         lens = [n] * max(1, a.tokens // n)
         report[n] = {}
         for b in backends:
-            r = run_ours(a.cli, lens, not a.full, ["--backend", b], a.repeat)
+            r = run_ours(a.cli, lens, not a.full, ["--backend", b], a.repeat,
+                         **timing_kwargs(a))
             report[n][b] = r
             shown = r.get("error") or f"{r['fwd_tflops']:.0f} / {r['bwd_tflops']:.0f}"
             print(f"{n:6d} tokens x {len(lens):5d}  {b:14s} {shown}", flush=True)

@@ -78,3 +78,13 @@ def test_the_report_says_how_our_processes_timed():
     report = {"date": "d", "meta": {"regime": run.regime_str(Args)},
               "workloads": {"w": {"ours": _result(2.0, 8.0)}}}
     assert "raggedattn timed: 1 warm-up call, 10 timed calls." in run.table(report)
+
+
+def test_timing_options_default_to_the_anchors_regime():
+    import argparse
+    ap = argparse.ArgumentParser()
+    run.add_timing_args(ap)
+    args = ap.parse_args([])
+    assert run.timing_kwargs(args) == dict(pause_ms=0, warmup_ms=50, min_ms=200, l2_flush_mb=256)
+    short = ap.parse_args(["--warmup-ms", "0", "--min-ms", "0", "--l2-flush-mb", "0"])
+    assert run.regime_str(short) == "1 warm-up call, 10 timed calls"
