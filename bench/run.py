@@ -44,9 +44,10 @@ ANCHOR_KEYS = {
 # and power per direction. They tell a slower GPU from a slower kernel (the same kernels measure
 # up to 9% apart from one process to the next, and a backward right after a slower forward ran
 # 7-9% faster: PERFORMANCE.md item 58).
-# fwd/bwd_throttled: the share of samples whose clock was held down by power or temperature.
+# fwd/bwd_throttled: the share of samples whose clock was held down by power or temperature;
+# fwd/bwd_pj_per_flop: the board's energy per FLOP (median power x median call time / FLOPs).
 GPU_KEYS = ("fwd_sm_mhz", "bwd_sm_mhz", "fwd_watts", "bwd_watts", "fwd_throttled",
-            "bwd_throttled")
+            "bwd_throttled", "fwd_pj_per_flop", "bwd_pj_per_flop")
 
 
 def run_ours(cli, lens, causal, variant_args, repeat, env=None, pause_ms=0, warmup_ms=0,

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -51,7 +52,8 @@ commands:
             --l2-flush-mb: MB MiB zeroed before each call, untimed (do_bench: 256).
             Where NVML is present, the SM clock, the power and the reasons the clock is held
             below its maximum, sampled every millisecond while the timed calls run, are printed
-            and written to the JSON (medians, and the samples), with each call's time.
+            and written to the JSON (medians, the board's energy per FLOP, and the samples),
+            with each call's time.
             FLOPs count visible (query, key) pairs only: 2*(Dqk+Dv)*Hq per pair forward,
             2.5x that backward.
   info    the build, the device and the plan of a problem (same problem options)
@@ -323,39 +325,8 @@ int cmd_check(const Options& o) {
   return verify::print_verdict(std::cout, reports) ? 0 : kExitFail;
 }
 
-// A direction's GPU readings: the median SM clock and its range, the median power, and the share
-// of samples whose clock was held down by power or temperature (with the reasons seen).
-struct Sensed {
-  int mhz = 0, mhz_min = 0, mhz_max = 0;
-  double watts = 0;
-  bool instant_watts = false;
-  double throttled = 0;  // share of samples with a kSlowdownThrottling reason
-  uint64_t reasons = 0;  // those reasons, over all samples
-};
-Sensed sensed(const std::vector<verify::GpuReading>& rs) {
-  Sensed s;
-  if (rs.empty()) return s;
-  std::vector<int> m;
-  std::vector<double> w;
-  int throttled = 0;
-  s.instant_watts = true;
-  for (const verify::GpuReading& r : rs) {
-    m.push_back(r.sm_mhz);
-    w.push_back(r.watts);
-    s.instant_watts = s.instant_watts && r.instant_watts;
-    const uint64_t bits = r.slowdown & verify::kSlowdownThrottling;
-    throttled += bits != 0;
-    s.reasons |= bits;
-  }
-  std::sort(m.begin(), m.end());
-  std::sort(w.begin(), w.end());
-  s.mhz = m[m.size() / 2];
-  s.mhz_min = m.front();
-  s.mhz_max = m.back();
-  s.watts = w[w.size() / 2];
-  s.throttled = double(throttled) / double(rs.size());
-  return s;
-}
+using verify::Sensed;
+using verify::sensed;
 
 std::string sensed_str(const Sensed& s) {
   char buf[160];
@@ -381,8 +352,8 @@ void print_times(const CaseSpec& spec, const CaseReport& r) {
               verify::visible_pairs(spec), ff, bf);
   if (!r.fwd_readings.empty() || !r.bwd_readings.empty()) {
     std::printf("GPU while timed (median, min-max):\n  forward  %s\n  backward %s\n",
-                sensed_str(sensed(r.fwd_readings)).c_str(),
-                sensed_str(sensed(r.bwd_readings)).c_str());
+                sensed_str(sensed(r.fwd_readings, ff, r.fwd_ms)).c_str(),
+                sensed_str(sensed(r.bwd_readings, bf, r.bwd_ms)).c_str());
   }
 }
 
@@ -435,15 +406,17 @@ int cmd_run(const Options& o, bool bench) {
       f << "]";
     }
     // The GPU's SM clock and power sampled while the timed calls ran, where NVML could read them.
-    for (const auto& [dir, rs] :
-         {std::pair<const char*, const std::vector<verify::GpuReading>*>{"fwd", &r.fwd_readings},
-          {"bwd", &r.bwd_readings}}) {
+    for (const auto& [dir, rs, flops, ms] :
+         {std::tuple<const char*, const std::vector<verify::GpuReading>*, double, double>{
+              "fwd", &r.fwd_readings, ff, r.fwd_ms},
+          {"bwd", &r.bwd_readings, bf, r.bwd_ms}}) {
       if (rs->empty()) continue;
-      const Sensed s = sensed(*rs);
+      const Sensed s = sensed(*rs, flops, ms);
       f << ",\n  \"" << dir << "_sm_mhz\": " << s.mhz << ",\n  \"" << dir << "_watts\": " << s.watts
-        << ",\n  \"" << dir << "_watts_instant\": " << (s.instant_watts ? "true" : "false")
-        << ",\n  \"" << dir << "_throttled\": " << s.throttled << ",\n  \"" << dir
-        << "_throttle_reasons\": \"" << verify::slowdown_names(s.reasons) << "\""
+        << ",\n  \"" << dir << "_pj_per_flop\": " << s.pj_per_flop << ",\n  \"" << dir
+        << "_watts_instant\": " << (s.instant_watts ? "true" : "false") << ",\n  \"" << dir
+        << "_throttled\": " << s.throttled << ",\n  \"" << dir << "_throttle_reasons\": \""
+        << verify::slowdown_names(s.reasons) << "\""
         << ",\n  \"" << dir << "_sm_mhz_samples\": [";
       for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].sm_mhz;
       f << "],\n  \"" << dir << "_watts_samples\": [";

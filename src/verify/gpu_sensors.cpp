@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -129,6 +130,32 @@ std::string slowdown_names(uint64_t bits) {
   for (const auto& [bit, name] : kNames) {
     if (bits & bit) s += (s.empty() ? "" : "+") + std::string(name);
   }
+  return s;
+}
+
+Sensed sensed(const std::vector<GpuReading>& rs, double flops, double median_ms) {
+  Sensed s;
+  if (rs.empty()) return s;
+  std::vector<int> m;
+  std::vector<double> w;
+  int throttled = 0;
+  s.instant_watts = true;
+  for (const GpuReading& r : rs) {
+    m.push_back(r.sm_mhz);
+    w.push_back(r.watts);
+    s.instant_watts = s.instant_watts && r.instant_watts;
+    const uint64_t bits = r.slowdown & kSlowdownThrottling;
+    throttled += bits != 0;
+    s.reasons |= bits;
+  }
+  std::sort(m.begin(), m.end());
+  std::sort(w.begin(), w.end());
+  s.mhz = m[m.size() / 2];
+  s.mhz_min = m.front();
+  s.mhz_max = m.back();
+  s.watts = w[w.size() / 2];
+  s.throttled = double(throttled) / double(rs.size());
+  s.pj_per_flop = flops > 0 ? s.watts * (median_ms * 1e-3) / flops * 1e12 : 0.0;
   return s;
 }
 

@@ -39,6 +39,21 @@ constexpr uint64_t kSlowdownThrottling = kSlowdownPowerCap | kSlowdownHw | kSlow
 // "power cap+hw slowdown" for the reasons in `bits` among kSlowdownThrottling's; "" for none.
 std::string slowdown_names(uint64_t bits);
 
+// A direction's GPU readings: the median SM clock and its range, the median power, and the share
+// of samples whose clock was held down by power or temperature (with the reasons seen).
+struct Sensed {
+  int mhz = 0, mhz_min = 0, mhz_max = 0;
+  double watts = 0;
+  bool instant_watts = false;
+  double throttled = 0;  // share of samples with a kSlowdownThrottling reason
+  uint64_t reasons = 0;  // those reasons, over all samples
+  // The board's energy per FLOP of the direction: median power times median call time over the
+  // call's FLOPs. Under sustained load the GPU runs at its power cap, and this, not the clock, is
+  // what a kernel can still lower (docs/PERFORMANCE.md item 60).
+  double pj_per_flop = 0;
+};
+Sensed sensed(const std::vector<GpuReading>& rs, double flops, double median_ms);
+
 class GpuSensors {
  public:
   virtual ~GpuSensors() = default;

@@ -412,6 +412,35 @@ TEST(GpuSensors, SlowdownReasonsAreNamed) {
   EXPECT_EQ(kSlowdownThrottling & kSlowdownIdle, 0u);
 }
 
+// A direction's summary of its samples: medians, range, the share held down by power or
+// temperature (idling is not), and the board's energy per FLOP from the median power and time.
+TEST(GpuSensors, SummaryOfTheSamples) {
+  using namespace raggedattn::verify;
+  std::vector<GpuReading> rs(5);
+  const int mhz[] = {1980, 1650, 1700, 1500, 1980};
+  const double watts[] = {700, 860, 800, 900, 650};
+  for (int i = 0; i < 5; ++i) {
+    rs[i].sm_mhz = mhz[i];
+    rs[i].watts = watts[i];
+    rs[i].instant_watts = true;
+  }
+  rs[1].slowdown = kSlowdownPowerCap;
+  rs[3].slowdown = kSlowdownPowerCap | kSlowdownHwThermal;
+  rs[4].slowdown = kSlowdownIdle;
+  const Sensed s = sensed(rs, 2.0e12, 4.0);  // 2 TFLOP in 4 ms
+  EXPECT_EQ(s.mhz, 1700);
+  EXPECT_EQ(s.mhz_min, 1500);
+  EXPECT_EQ(s.mhz_max, 1980);
+  EXPECT_EQ(s.watts, 800);
+  EXPECT_TRUE(s.instant_watts);
+  EXPECT_DOUBLE_EQ(s.throttled, 0.4);
+  EXPECT_EQ(s.reasons, kSlowdownPowerCap | kSlowdownHwThermal);
+  EXPECT_DOUBLE_EQ(s.pj_per_flop, 800 * 4e-3 / 2.0e12 * 1e12);  // 1.6 pJ
+  rs[2].instant_watts = false;  // one averaged reading: the summary says so
+  EXPECT_FALSE(sensed(rs, 2.0e12, 4.0).instant_watts);
+  EXPECT_EQ(sensed({}, 2.0e12, 4.0).mhz, 0);
+}
+
 // The timing loop's sampler: reads on its own thread until stopped, keeps what it read, in order;
 // with nothing to read it starts no thread and keeps nothing.
 TEST(GpuSensors, SamplerReadsUntilStoppedAndKeepsTheReadings) {
