@@ -329,11 +329,12 @@ using verify::Sensed;
 using verify::sensed;
 
 std::string sensed_str(const Sensed& s) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "%d MHz (%d-%d), %.0f W%s, held down in %.0f%% of samples%s%s%s",
+  char buf[200];
+  std::snprintf(buf, sizeof(buf),
+                "%d MHz (%d-%d), %.0f W%s (%.2f pJ/FLOP), held down in %.0f%% of samples%s%s%s",
                 s.mhz, s.mhz_min, s.mhz_max, s.watts, s.instant_watts ? "" : " (1 s average)",
-                100 * s.throttled, s.reasons ? " (" : "", verify::slowdown_names(s.reasons).c_str(),
-                s.reasons ? ")" : "");
+                s.pj_per_flop, 100 * s.throttled, s.reasons ? " (" : "",
+                verify::slowdown_names(s.reasons).c_str(), s.reasons ? ")" : "");
   return buf;
 }
 
