@@ -7,8 +7,6 @@
 #include <iostream>
 #include <random>
 #include <string>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "args.hpp"
@@ -399,32 +397,35 @@ int cmd_run(const Options& o, bool bench) {
       << ",\n  \"min_ms\": " << o.min_ms << ",\n  \"l2_flush_mb\": " << o.l2_flush_mb
       << ",\n  \"fwd_calls\": " << r.fwd_call_ms.size()
       << ",\n  \"bwd_calls\": " << r.bwd_call_ms.size();
-    for (const auto& [dir, ms] :
-         {std::pair<const char*, const std::vector<double>*>{"fwd", &r.fwd_call_ms},
-          {"bwd", &r.bwd_call_ms}}) {
-      f << ",\n  \"" << dir << "_call_ms\": [";
-      for (size_t i = 0; i < ms->size(); ++i) f << (i ? ", " : "") << (*ms)[i];
+    // A JSON list of n values, value(i) each.
+    auto list = [&f](const std::string& key, size_t n, const auto& value) {
+      f << ",\n  \"" << key << "\": [";
+      for (size_t i = 0; i < n; ++i) f << (i ? ", " : "") << value(i);
       f << "]";
-    }
-    // The GPU's SM clock and power sampled while the timed calls ran, where NVML could read them.
-    for (const auto& [dir, rs, flops, ms] :
-         {std::tuple<const char*, const std::vector<verify::GpuReading>*, double, double>{
-              "fwd", &r.fwd_readings, ff, r.fwd_ms},
-          {"bwd", &r.bwd_readings, bf, r.bwd_ms}}) {
-      if (rs->empty()) continue;
-      const Sensed s = sensed(*rs, flops, ms);
+    };
+    struct Direction {
+      const char* name;
+      const std::vector<double>* call_ms;
+      const std::vector<verify::GpuReading>* readings;
+      double flops, ms;
+    };
+    for (const Direction& d : {Direction{"fwd", &r.fwd_call_ms, &r.fwd_readings, ff, r.fwd_ms},
+                               Direction{"bwd", &r.bwd_call_ms, &r.bwd_readings, bf, r.bwd_ms}}) {
+      const std::string dir = d.name;
+      list(dir + "_call_ms", d.call_ms->size(), [&](size_t i) { return (*d.call_ms)[i]; });
+      // The GPU's SM clock and power sampled while the timed calls ran, where NVML could read
+      // them.
+      const std::vector<verify::GpuReading>& rs = *d.readings;
+      if (rs.empty()) continue;
+      const Sensed s = sensed(rs, d.flops, d.ms);
       f << ",\n  \"" << dir << "_sm_mhz\": " << s.mhz << ",\n  \"" << dir << "_watts\": " << s.watts
         << ",\n  \"" << dir << "_pj_per_flop\": " << s.pj_per_flop << ",\n  \"" << dir
         << "_watts_instant\": " << (s.instant_watts ? "true" : "false") << ",\n  \"" << dir
         << "_throttled\": " << s.throttled << ",\n  \"" << dir << "_throttle_reasons\": \""
-        << verify::slowdown_names(s.reasons) << "\""
-        << ",\n  \"" << dir << "_sm_mhz_samples\": [";
-      for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].sm_mhz;
-      f << "],\n  \"" << dir << "_watts_samples\": [";
-      for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].watts;
-      f << "],\n  \"" << dir << "_slowdown_samples\": [";
-      for (size_t i = 0; i < rs->size(); ++i) f << (i ? ", " : "") << (*rs)[i].slowdown;
-      f << "]";
+        << verify::slowdown_names(s.reasons) << "\"";
+      list(dir + "_sm_mhz_samples", rs.size(), [&](size_t i) { return rs[i].sm_mhz; });
+      list(dir + "_watts_samples", rs.size(), [&](size_t i) { return rs[i].watts; });
+      list(dir + "_slowdown_samples", rs.size(), [&](size_t i) { return rs[i].slowdown; });
     }
     f << "\n}\n";
     if (!f) {
