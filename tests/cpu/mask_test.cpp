@@ -39,6 +39,23 @@ std::set<std::pair<int, int>> backward_tiles() {
   return tiles;
 }
 
+// One of a's entries, drawn from rng.
+template <class T, size_t N>
+T pick(std::mt19937& rng, const T (&a)[N]) {
+  return a[rng() % N];
+}
+
+// A mask drawn from rng: the window's left and right reach from `lefts` and `rights` (-1: none),
+// aligned at either diagonal.
+template <size_t L, size_t R>
+MaskSpec random_mask(std::mt19937& rng, const int (&lefts)[L], const int (&rights)[R]) {
+  MaskSpec m;
+  m.left = pick(rng, lefts);
+  m.right = pick(rng, rights);
+  m.bottom_right = int(rng() % 2);
+  return m;
+}
+
 std::string describe(const MaskSpec& m, int len_q, int len_kv, int bm, int bn) {
   std::ostringstream s;
   s << "mask (left " << m.left << ", right " << m.right << ", bottom_right " << m.bottom_right
@@ -53,14 +70,10 @@ TEST(MaskTraversal, EveryVisiblePairIsSteppedAndTurnsRunWithoutGaps) {
   const int lengths[] = {0, 1, 2, 15, 17, 63, 64, 65, 127, 128, 129, 200, 255, 300};
   const int lefts[] = {-1, 0, 1, 7, 40, 64, 129, 500};
   const int rights[] = {-1, 0, 1, 8, 50, 130};
-  auto pick = [&](const auto& a) { return a[rng() % (sizeof(a) / sizeof(a[0]))]; };
   int checked = 0;
   for (int trial = 0; trial < 600; ++trial) {
-    MaskSpec m;
-    m.left = pick(lefts);
-    m.right = pick(rights);
-    m.bottom_right = int(rng() % 2);
-    const int len_q = pick(lengths), len_kv = pick(lengths);
+    const MaskSpec m = random_mask(rng, lefts, rights);
+    const int len_q = pick(rng, lengths), len_kv = pick(rng, lengths);
     for (const auto& [bm, bn] : tiles) {
       const std::string what = describe(m, len_q, len_kv, bm, bn);
       const int q_tiles = (len_q + bm - 1) / bm, k_tiles = (len_kv + bn - 1) / bn;
@@ -127,14 +140,10 @@ TEST(MaskRanges, BlocksOfRowsAndKeysBoundWhatTheySee) {
   const int lefts[] = {-1, 0, 1, 7, 40, 64, 129};
   const int rights[] = {-1, 0, 1, 8, 50, 130};
   const int blocks[] = {1, 3, 16, 64, 128};
-  auto pick = [&](const auto& a) { return a[rng() % (sizeof(a) / sizeof(a[0]))]; };
   int checked = 0;
   for (int trial = 0; trial < 400; ++trial) {
-    MaskSpec m;
-    m.left = pick(lefts);
-    m.right = pick(rights);
-    m.bottom_right = int(rng() % 2);
-    const int len_q = pick(lengths), len_kv = pick(lengths), b = pick(blocks);
+    const MaskSpec m = random_mask(rng, lefts, rights);
+    const int len_q = pick(rng, lengths), len_kv = pick(rng, lengths), b = pick(rng, blocks);
     const std::string what = describe(m, len_q, len_kv, b, b);
     for (int r0 = 0; r0 < len_q; r0 += b) {
       const int r1 = std::min(len_q, r0 + b);
