@@ -9,9 +9,8 @@ run on the same GPU. Writes latest.json ({workload: {implementation: {fwd_tflops
 latest.md (a table) and latest.png (a chart) under --out.
 
 Our processes time in the torch anchors' regime by default, triton.testing.do_bench's (the JAX
-anchors time 30 calls after 3 warm-up calls, wall clock): warm-up calls for
-50 ms, then timed calls for at least 200 ms, each after 256 MiB are zeroed (untimed), the median
-reported. The GPU's clock falls under sustained load, so a shorter regime (--warmup-ms 0
+anchors time 30 calls after 3 warm-up calls, wall clock): warm-up calls for 50 ms, then timed
+calls for at least 200 ms, each after 256 MiB are zeroed (untimed), the median reported. The GPU's clock falls under sustained load, so a shorter regime (--warmup-ms 0
 --min-ms 0 --l2-flush-mb 0: one warm-up call and --repeat timed calls, the tables before
 2026-12-01) measures a faster GPU than the anchors had: up to 13% on one_doc_16k's forward
 (docs/PERFORMANCE.md item 60).

@@ -7,8 +7,9 @@ Hopper path runs the portable forward).
 
 Each point packs documents of one length into --tokens tokens (causal unless --full), bf16,
 Hq = 32, Hkv = 8, D = 128 (the standard workloads' shape), and times every --backends path with
-`raggedattn bench`, in the anchors' timing regime by default (bench/run.py's options). Writes sweep.json ({length: {backend: {fwd_tflops, bwd_tflops, path}}}) and
-sweep.md (one table, the faster path of each direction in bold) under --out.
+`raggedattn bench`, in the anchors' timing regime by default (bench/run.py's options). Writes
+sweep.json ({length: {backend: {fwd_tflops, bwd_tflops, path}}}) and sweep.md (one table, the
+faster path of each direction in bold) under --out.
 """
 import argparse
 import json
