@@ -7,6 +7,8 @@
 // cu_seqlens, and the same formula, times `tile`, is the compact dQ-scratch slot of a segment.
 #pragma once
 
+#include <cstddef>
+
 #include "core/defs.hpp"
 
 namespace raggedattn {
@@ -49,5 +51,17 @@ struct RaggedTiles {
     return c;
   }
 };
+
+// Part `part` of `parts` of n items split evenly in contiguous ranges [begin, end): the ranges
+// cover [0, n) once, in order; parts past the end get empty ranges. The dot(dO, O) kernel zeroes
+// the dQ scratch this way, one part per CTA (post/bwd_post.cuh).
+struct EvenShare {
+  size_t begin, end;
+};
+RATTN_HD EvenShare even_share(size_t n, size_t part, size_t parts) {
+  const size_t per = (n + parts - 1) / parts;
+  const size_t begin = part * per < n ? part * per : n;
+  return {begin, begin + per < n ? begin + per : n};
+}
 
 }  // namespace raggedattn

@@ -436,6 +436,24 @@ Problem problem_for(const std::vector<int32_t>& lens, rattn_dq_accum accum, bool
   return p;
 }
 
+// The dQ scratch's zeroing split over the dot(dO, O) kernel's CTAs: every word in exactly one
+// CTA's range, ranges in order, also with more CTAs than words.
+TEST(EvenShare, RangesCoverEveryItemOnceInOrder) {
+  for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(64), size_t(1000), size_t(33554432)}) {
+    for (size_t parts : {size_t(1), size_t(3), size_t(64), size_t(999), size_t(18944)}) {
+      SCOPED_TRACE(::testing::Message() << n << " items, " << parts << " parts");
+      size_t next = 0;
+      for (size_t part = 0; part < parts; ++part) {
+        const EvenShare r = even_share(n, part, parts);
+        ASSERT_EQ(r.begin, next);
+        ASSERT_LE(r.begin, r.end);
+        next = r.end;
+      }
+      EXPECT_EQ(next, n);
+    }
+  }
+}
+
 TEST(PlanDqAccum, WriteAddressEqualsReadAddressInsideTheWorkspace) {
   if (!testing_util::kBuiltWithCuda) {
     GTEST_SKIP() << "CPU-only build: make_plan builds no CUDA plan, so no plan has dQ scratch "
@@ -463,6 +481,9 @@ TEST(PlanDqAccum, WriteAddressEqualsReadAddressInsideTheWorkspace) {
         ASSERT_EQ(ws.dq_accum.order, hopper ? DqTileOrder::Wgmma64 : DqTileOrder::Rows);
         ASSERT_EQ(ws.dq_accum.align % (hopper ? DqAccumLayout::kTileRows : 16), 0);
         simulate_write_read(ws.dq_accum, ws.dq_accum_region, ws.total, lens, cu);
+        // The dot(dO, O) kernel zeroes the region in aligned 16-byte words (bwd_post.cuh).
+        EXPECT_EQ(ws.dq_accum_region.offset % 16, 0u);
+        EXPECT_EQ(ws.dq_accum_region.bytes % 16, 0u);
         // PaddedBatch with the plan's parameters, placed where the plan's region is.
         const DqAccumLayout& c = ws.dq_accum;
         const DqAccumLayout padded = make_dq_accum_layout(

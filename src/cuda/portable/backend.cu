@@ -60,8 +60,11 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, bool convert, cud
   const dim3 grid(unsigned(RaggedTiles::bound(pr.total_q, pr.batch, post::kPostRows)),
                   unsigned(pr.num_heads_q));
   if (!convert) {
-    post::DotParams dp{p.o,         p.d_o,   p.dpsum, p.segs,       p.o_layout,
-                       p.do_layout, p.stats, tiles,   pr.head_dim_v};
+    // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words.
+    uint4* clear = static_cast<uint4*>(p.dq_accum_ptr);
+    const size_t clear_words = d.bwd_ws.dq_accum_region.bytes / sizeof(uint4);
+    post::DotParams dp{p.o,     p.d_o, p.dpsum,       p.segs, p.o_layout, p.do_layout,
+                       p.stats, tiles, pr.head_dim_v, clear,  clear_words};
     post::dot_do_o_kernel<T><<<grid, post::kPostThreads, 0, s>>>(dp);
   } else {
     post::ConvertParams cp{p.dq_accum_ptr, p.dq_accum, p.dq, p.segs, p.dq_layout, tiles, p.scale};
@@ -86,9 +89,16 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const BwdParams p = portable::make_bwd_params(d, t, workspace);
   const BwdWorkspace& ws = d.bwd_ws;
-  RATTN_RETURN_IF_ERROR(
-      cuda_status("backward: clearing the dQ scratch",
-                  cudaMemsetAsync(p.dq_accum_ptr, 0, ws.dq_accum_region.bytes, s)));
+  // The dQ scratch is zeroed by the dot(dO, O) kernel below, which runs whenever there are query
+  // rows (without them nothing adds into or reads the scratch). It clears 16-byte words: the
+  // region must be made of them (the Plan's regions are 256-byte aligned, the scratch's rows a
+  // multiple of 16 bytes at every head dim).
+  if (ws.dq_accum_region.bytes % sizeof(uint4) != 0 ||
+      reinterpret_cast<uintptr_t>(p.dq_accum_ptr) % sizeof(uint4) != 0) {
+    return Status(RATTN_ERROR_INTERNAL,
+                  str_cat("backward: the dQ scratch (", ws.dq_accum_region.bytes,
+                          " bytes) is not made of aligned 16-byte words"));
+  }
   if (p.locks) {
     RATTN_RETURN_IF_ERROR(cuda_status("backward: clearing the locks",
                                       cudaMemsetAsync(p.locks, 0, ws.locks.bytes, s)));
@@ -115,10 +125,10 @@ Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace
                          "scratch is in the Hopper backward's tile order");
   }
   if (d.bwd_ws.dq_accum.dim != d.problem.head_dim_qk) {  // the kernel's row stride is its DQK
-    return not_supported("backward",
-                         str_cat("the portable backward's dQ scratch rows are the head dim (",
-                                 d.problem.head_dim_qk, ") apart; this plan's scratch has rows of ",
-                                 d.bwd_ws.dq_accum.dim));
+    return not_supported(
+        "backward",
+        str_cat("the portable backward's dQ scratch rows are the head dim (", d.problem.head_dim_qk,
+                ") apart; this plan's scratch has rows of ", d.bwd_ws.dq_accum.dim));
   }
   if (d.bwd_ws.schedule.bytes != 0) {  // likewise the key tiles' order
     return not_supported("backward",

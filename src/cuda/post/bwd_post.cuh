@@ -1,5 +1,7 @@
 // The backward's small kernels around the main one:
-//   dot_do_o    D[h, row] = sum_d dO * O in fp32 (the softmax-gradient row term);
+//   dot_do_o    D[h, row] = sum_d dO * O in fp32 (the softmax-gradient row term), and the dQ
+//               scratch zeroed on the way (its whole region, split evenly over the grid's CTAs:
+//               one pass of reads and writes instead of a memset's pass and then this one's);
 //   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::at_from — the
 //               same function, from the same Plan object, the main kernel wrote through (in
 //               either tile order).
@@ -55,7 +57,19 @@ struct DotParams {
   RowStatLayout stats;
   RaggedTiles tiles;  // kPostRows rows
   int dv;
+  // The dQ scratch's region (BwdWorkspace::dq_accum_region) in 16-byte words, zeroed by the grid
+  // before the main kernel adds into it; clear_words == 0: nothing to zero.
+  uint4* clear;
+  size_t clear_words;
 };
+
+// CTA `cta` of `ctas` zeroes its contiguous share of `words` 16-byte words at `dst`.
+__device__ __forceinline__ void clear_share(uint4* dst, size_t words, size_t cta, size_t ctas) {
+  const EvenShare r = even_share(words, cta, ctas);
+  for (size_t i = r.begin + threadIdx.x; i < r.end; i += kPostThreads) {
+    dst[i] = make_uint4(0, 0, 0, 0);
+  }
+}
 
 // Each thread loads 16-byte chunks of O and dO, 4 of each before the first product; the chunks'
 // partial sums meet in shared memory and one thread per row adds them up in column order.
@@ -64,6 +78,9 @@ template <class T>
 __global__ void __launch_bounds__(kPostThreads)
     dot_do_o_kernel(const __grid_constant__ DotParams p) {
   __shared__ float part[kPostRows][kMaxChunks + 1];  // +1: conflict-free row reads
+  // Every CTA clears its share, also one whose tile lies past the last segment.
+  clear_share(p.clear, p.clear_words, size_t(blockIdx.y) * gridDim.x + blockIdx.x,
+              size_t(gridDim.x) * gridDim.y);
   const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const Segment seg = p.segs.get(tc.segment);
