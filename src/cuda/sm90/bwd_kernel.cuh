@@ -271,6 +271,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // Key split: the warpgroup's 64 keys; column split: all 64 keys of the CTA.
   const int key0 = SPLIT ? 0 : c * 64;
   const int row_a = key0 + warp_in_wg * 16 + lane / 4;
+  // The key row this lane addresses in an x4 stmatrix over the warp's 16 key rows (lane l gives
+  // row l % 8 of 8x8 tile l / 8; tiles 1 and 3 hold rows 8-15): dS^T's rows and the epilogue's.
+  // Computed where it is used: kept live across the step loop instead, it raised the D = 128
+  // kernel's spills from 8 to 16 bytes.
+  auto stmatrix_row = [&] { return key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2); };
   // The byte offset of a column in a [rows][dim] panel-major tile of `rows` rows (64 columns per
   // panel).
   auto col_offset = [](int col, int rows) {
@@ -328,11 +333,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // columns computed. [seen_lo, seen_hi): the rows that see any of its keys (below).
       const bool idle = !SPLIT && (min(m0 + BM, seg.len_q) <= seen_lo || m0 >= seen_hi);
       if (idle) {
-        const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
         const uint32_t zero[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
         for (int kc = 0; kc < QSTEPS; ++kc) {
-          stmatrix_x4(ds_base + swizzled_offset(BN, st_row, 2 * kc + lane / 16), zero);
+          stmatrix_x4(ds_base + swizzled_offset(BN, stmatrix_row(), 2 * kc + lane / 16), zero);
         }
         fence_proxy_async_smem();
       } else {
@@ -453,12 +457,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // other instructions while the wgmma is in flight. a_ds[kc] is four 8x8 tiles (query
         // chunks 2kc and 2kc + 1, each for the warp's key rows 0-7 and 8-15): one stmatrix, lane l
         // giving row l % 8 of tile l / 8.
-        {
-          const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
 #pragma unroll
-          for (int kc = 0; kc < QSTEPS; ++kc) {
-            stmatrix_x4(ds_base + swizzled_offset(BN, st_row, 2 * kc + lane / 16), a_ds[kc]);
-          }
+        for (int kc = 0; kc < QSTEPS; ++kc) {
+          stmatrix_x4(ds_base + swizzled_offset(BN, stmatrix_row(), 2 * kc + lane / 16), a_ds[kc]);
         }
         fence_proxy_async_smem();
 
@@ -582,14 +583,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     auto stage = [&](const auto& acc, int col0, uint32_t base, float mul) {
       constexpr int NF = std::extent<std::remove_reference_t<decltype(acc)>>::value;
       static_assert(NF % 2 == 0, "fragment pairs: 16 columns per stmatrix");
-      const int st_row = key0 + warp_in_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2);
 #pragma unroll
       for (int f = 0; f < NF; f += 2) {
         const uint32_t r[4] = {Mma::pack(acc[f][0] * mul, acc[f][1] * mul),
                                Mma::pack(acc[f][2] * mul, acc[f][3] * mul),
                                Mma::pack(acc[f + 1][0] * mul, acc[f + 1][1] * mul),
                                Mma::pack(acc[f + 1][2] * mul, acc[f + 1][3] * mul)};
-        stmatrix_x4(base + swizzled_offset(BN, st_row, col0 / 8 + f + lane / 16), r);
+        stmatrix_x4(base + swizzled_offset(BN, stmatrix_row(), col0 / 8 + f + lane / 16), r);
       }
     };
     stage(acc_dk, dk0, k_addr, p.scale);
