@@ -6,6 +6,7 @@ and left out of the rel column), one column group per log.
     scripts/summarize_check.py LABEL=check_fp32.txt LABEL=check_bf16.txt ...
 """
 import math
+import os
 import re
 import sys
 
@@ -39,10 +40,16 @@ def parse(path):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     # LABEL=PATH, or PATH alone (labelled by its file name).
     specs = [a.split("=", 1) if "=" in a else [a.rsplit("/", 1)[-1], a] for a in sys.argv[1:]]
+    missing = [path for _, path in specs if not os.path.isfile(path)]
+    if missing:
+        sys.exit(f"summarize_check.py: no such log: {', '.join(missing)}\n{__doc__}")
     logs = [(label, parse(path)) for label, path in specs]
     head = "| config | " + " | ".join(f"{label}: O / dQ / dK / dV rel, min cos" for label, _ in logs) + " |"
     print(head)
