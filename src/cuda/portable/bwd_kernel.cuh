@@ -158,16 +158,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
                                                lane);
 
     // P^T = exp(S^T - LSE), dS^T = P^T (dP^T - D) (times tanh' under a soft cap), stored
-    // [key][query]. Each thread's query columns and their row statistics, once per step.
-    float lse2[S_NF][2], dsum[S_NF][2];
-#pragma unroll
-    for (int f = 0; f < S_NF; ++f)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int qc = s_q0 + f * 8 + 2 * (lane % 4) + e;
-        lse2[f][e] = s_lse[qc] * kLog2e;
-        dsum[f][e] = s_dp[qc];
-      }
+    // [key][query]. Query columns outermost: each column pair's row statistics are read from
+    // shared memory once and live only for that pair's scores (held for every pair across the
+    // phase, they made the kernel spill at D = 96 and 128, where the phase is its register peak).
     const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
     // The soft cap and the mask are template choices of the loop (no test per element): a step
     // the mask leaves whole takes the exponentials alone; a masked one selects the exponent
@@ -176,18 +169,17 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       constexpr bool kSoftcap = decltype(softcap)::value;
       constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-      for (int mf = 0; mf < S_MF; ++mf)
+      for (int f = 0; f < S_NF; ++f) {
+        const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);  // this thread's two query columns
+        const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc0);
+        const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc0);
+        const float lse2[2] = {lse.x * kLog2e, lse.y * kLog2e}, dsm[2] = {dsum.x, dsum.y};
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int kr = s_key0 + mf * 16 + lane / 4 + 8 * half;  // key row in the tile
-          const int j = n0 + kr;
-          int i_lo = 0, i_hi = 0;  // the queries key j sees (masked steps only)
-          if constexpr (kMasked) {
-            i_lo = p.mask.query_begin(j, seg.len_q, seg.len_kv);
-            i_hi = p.mask.query_end(j, seg.len_q, seg.len_kv);
-          }
+        for (int mf = 0; mf < S_MF; ++mf)
 #pragma unroll
-          for (int f = 0; f < S_NF; ++f) {
+          for (int half = 0; half < 2; ++half) {
+            const int kr = s_key0 + mf * 16 + lane / 4 + 8 * half;  // key row in the tile
+            const int j = n0 + kr;
             float pr[2], ds[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
@@ -199,19 +191,22 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
               } else {
                 x *= p.scale_log2;
               }
-              x -= lse2[f][e];
+              x -= lse2[e];
               if constexpr (kMasked) {
-                const int i = m0 + s_q0 + f * 8 + 2 * (lane % 4) + e;
-                x = j < seg.len_kv && i >= i_lo && i < i_hi ? x : -INFINITY;
+                // Key j sees queries [query_begin(j), query_end(j)).
+                const int i = m0 + qc0 + e;
+                x = j < seg.len_kv && i >= p.mask.query_begin(j, seg.len_q, seg.len_kv) &&
+                            i < p.mask.query_end(j, seg.len_q, seg.len_kv)
+                        ? x
+                        : -INFINITY;
               }
               pr[e] = fast_exp2(x);
-              ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsum[f][e]) * dtanh;
+              ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsm[e]) * dtanh;
             }
-            const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);
             *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
             *reinterpret_cast<uint32_t*>(sdST + kr * L.s_pitch + qc0) = Mma::pack(ds[0], ds[1]);
           }
-        }
+      }
     };
     if (p.softcap > 0.f) {
       score_tile(std::true_type{}, std::true_type{});  // masked: right for whole steps too
