@@ -41,7 +41,7 @@ commands:
             [--causal | --causal-bottom-right] [--window L,R [--align top-left|bottom-right]]
             [--softcap C] [--dtype ..] [--dq-accum ..] [--deterministic] [--padded]
             [--backend ..] [--seed S] [--repeat N] [--no-check]
-  bench   time one problem (same problem options), no checking
+  bench   time one problem (run's problem options: raggedattn run --help), no checking
             [--repeat N] [--pause-ms MS] [--warmup-ms W --min-ms R] [--l2-flush-mb MB]
             [--json FILE]
             --pause-ms: idle time before each direction's warm-up (the GPU's clock settles).
@@ -54,7 +54,7 @@ commands:
             with each call's time.
             FLOPs count visible (query, key) pairs only: 2*(Dqk+Dv)*Hq per pair forward,
             2.5x that backward.
-  info    the build, the device and the plan of a problem (same problem options)
+  info    the build, the device and the plan of a problem (run's problem options)
 
 exit status: 0 pass, 1 a check failed, 2 bad arguments or a problem the library rejects
 )";
@@ -85,6 +85,19 @@ bool runs_on_cpu(rattn_backend b) {
 }
 
 enum class Command { Check, Run, Bench, Info };
+const char* command_name(Command c) {
+  switch (c) {
+    case Command::Check:
+      return "check";
+    case Command::Run:
+      return "run";
+    case Command::Bench:
+      return "bench";
+    case Command::Info:
+      return "info";
+  }
+  return "";
+}
 
 Options parse(Command cmd, Args& args) {
   Options o;
@@ -176,7 +189,8 @@ Options parse(Command cmd, Args& args) {
       o.json = args.value(opt);
       if (o.json.empty()) throw UsageError(opt + ": expected a file name");
     } else {
-      throw UsageError("unknown option '" + opt + "' for this command (see raggedattn --help)");
+      throw UsageError("unknown option '" + opt + "' for this command (see raggedattn " +
+                       command_name(cmd) + " --help)");
     }
   }
 
@@ -480,6 +494,26 @@ int cmd_info(const Options& o) {
   return 0;
 }
 
+// One command's part of kUsage (its line and the option lines under it), for `COMMAND --help`;
+// empty for a name that is not a command.
+std::string command_help(const std::string& cmd) {
+  const std::string text = kUsage, head = "\n  " + cmd + " ";
+  const size_t begin = text.find(head);
+  if (cmd.empty() || begin == std::string::npos) return "";
+  size_t end = begin + 1;
+  // The block ends at the next command's line ("  name ...") or the blank line after the last.
+  while (true) {
+    end = text.find('\n', end);
+    if (end == std::string::npos || end + 1 >= text.size() || text[end + 1] == '\n' ||
+        (text.compare(end + 1, 2, "  ") == 0 && text[end + 3] != ' ')) {
+      break;
+    }
+    ++end;
+  }
+  return "usage: raggedattn " + cmd + " [options]\n\n" + text.substr(begin + 1, end - begin) +
+         "\n" + text.substr(text.find("exit status:"));
+}
+
 int main_impl(int argc, char** argv) {
   if (argc < 2) {
     std::fputs(kUsage, stderr);
@@ -489,6 +523,13 @@ int main_impl(int argc, char** argv) {
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(kUsage, stdout);
     return 0;
+  }
+  const std::string help = command_help(cmd);
+  for (int i = 2; i < argc && !help.empty(); ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(help.c_str(), stdout);
+      return 0;
+    }
   }
   try {
     Args args(argc, argv, 2);
