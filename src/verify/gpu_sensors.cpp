@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 namespace raggedattn {
@@ -133,11 +134,17 @@ std::string slowdown_names(uint64_t bits) {
   return s;
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 Sensed sensed(const std::vector<GpuReading>& rs, double flops, double median_ms) {
   Sensed s;
   if (rs.empty()) return s;
-  std::vector<int> m;
-  std::vector<double> w;
+  std::vector<double> m, w;
   int throttled = 0;
   s.instant_watts = true;
   for (const GpuReading& r : rs) {
@@ -148,12 +155,11 @@ Sensed sensed(const std::vector<GpuReading>& rs, double flops, double median_ms)
     throttled += bits != 0;
     s.reasons |= bits;
   }
-  std::sort(m.begin(), m.end());
-  std::sort(w.begin(), w.end());
-  s.mhz = m[m.size() / 2];
-  s.mhz_min = m.front();
-  s.mhz_max = m.back();
-  s.watts = w[w.size() / 2];
+  const auto [lo, hi] = std::minmax_element(m.begin(), m.end());
+  s.mhz_min = int(*lo);
+  s.mhz_max = int(*hi);
+  s.mhz = int(std::lround(median(m)));
+  s.watts = median(w);
   s.throttled = double(throttled) / double(rs.size());
   s.pj_per_flop = flops > 0 ? s.watts * (median_ms * 1e-3) / flops * 1e12 : 0.0;
   return s;

@@ -39,6 +39,10 @@ constexpr uint64_t kSlowdownThrottling = kSlowdownPowerCap | kSlowdownHw | kSlow
 // "power cap+hw slowdown" for the reasons in `bits` among kSlowdownThrottling's; "" for none.
 std::string slowdown_names(uint64_t bits);
 
+// The median: the middle value, or the mean of the two middle values of an even count (0 for
+// none). The one definition for the timings (runner.cpp) and the sensor summaries below.
+double median(std::vector<double> v);
+
 // A direction's GPU readings: the median SM clock and its range, the median power, and the share
 // of samples whose clock was held down by power or temperature (with the reasons seen).
 struct Sensed {

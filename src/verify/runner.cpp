@@ -121,13 +121,6 @@ int64_t differing_bytes(const HostTensor& a, const HostTensor& b) {
   return n;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 void fail(CaseReport* r, const char* stage, const Status& s) {
   r->status = s.code();
   r->stage = stage;

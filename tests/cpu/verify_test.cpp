@@ -439,6 +439,13 @@ TEST(GpuSensors, SummaryOfTheSamples) {
   rs[2].instant_watts = false;  // one averaged reading: the summary says so
   EXPECT_FALSE(sensed(rs, 2.0e12, 4.0).instant_watts);
   EXPECT_EQ(sensed({}, 2.0e12, 4.0).mhz, 0);
+  // An even count: the mean of the two middle samples, as the timings' median (runner.cpp).
+  rs.pop_back();  // 1980, 1650, 1700, 1500 MHz; 700, 860, 800, 900 W
+  const Sensed e = sensed(rs, 2.0e12, 4.0);
+  EXPECT_EQ(e.mhz, 1675);
+  EXPECT_DOUBLE_EQ(e.watts, 830);
+  EXPECT_DOUBLE_EQ(median({3.0, 1.0, 2.0, 10.0}), 2.5);
+  EXPECT_DOUBLE_EQ(median({}), 0.0);
 }
 
 // The timing loop's sampler: reads on its own thread until stopped, keeps what it read, in order;
