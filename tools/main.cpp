@@ -7,6 +7,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "args.hpp"
@@ -85,16 +86,14 @@ bool runs_on_cpu(rattn_backend b) {
 }
 
 enum class Command { Check, Run, Bench, Info };
+// The commands by name, in kUsage's order: the dispatch, the errors and the help read this list.
+constexpr std::pair<const char*, Command> kCommands[] = {{"check", Command::Check},
+                                                         {"run", Command::Run},
+                                                         {"bench", Command::Bench},
+                                                         {"info", Command::Info}};
 const char* command_name(Command c) {
-  switch (c) {
-    case Command::Check:
-      return "check";
-    case Command::Run:
-      return "run";
-    case Command::Bench:
-      return "bench";
-    case Command::Info:
-      return "info";
+  for (const auto& [name, command] : kCommands) {
+    if (command == c) return name;
   }
   return "";
 }
@@ -497,9 +496,11 @@ int cmd_info(const Options& o) {
 // One command's part of kUsage (its line and the option lines under it), for `COMMAND --help`;
 // empty for a name that is not a command.
 std::string command_help(const std::string& cmd) {
+  const bool known = std::any_of(std::begin(kCommands), std::end(kCommands),
+                                 [&](const auto& c) { return cmd == c.first; });
   const std::string text = kUsage, head = "\n  " + cmd + " ";
   const size_t begin = text.find(head);
-  if (cmd.empty() || begin == std::string::npos) return "";
+  if (!known || begin == std::string::npos) return "";
   size_t end = begin + 1;
   // The block ends at the next command's line ("  name ...") or the blank line after the last.
   while (true) {
@@ -533,11 +534,24 @@ int main_impl(int argc, char** argv) {
   }
   try {
     Args args(argc, argv, 2);
-    if (cmd == "check") return cmd_check(parse(Command::Check, args));
-    if (cmd == "run") return cmd_run(parse(Command::Run, args), /*bench=*/false);
-    if (cmd == "bench") return cmd_run(parse(Command::Bench, args), /*bench=*/true);
-    if (cmd == "info") return cmd_info(parse(Command::Info, args));
-    throw UsageError("unknown command '" + cmd + "'; expected check, run, bench or info");
+    std::string known;
+    for (const auto& [name, command] : kCommands) {
+      if (cmd != name) {
+        known += std::string(known.empty() ? "" : ", ") + name;
+        continue;
+      }
+      switch (command) {
+        case Command::Check:
+          return cmd_check(parse(command, args));
+        case Command::Run:
+          return cmd_run(parse(command, args), /*bench=*/false);
+        case Command::Bench:
+          return cmd_run(parse(command, args), /*bench=*/true);
+        case Command::Info:
+          return cmd_info(parse(command, args));
+      }
+    }
+    throw UsageError("unknown command '" + cmd + "'; expected one of " + known);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "raggedattn: %s\n", e.what());
     return kExitUsage;
