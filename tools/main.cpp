@@ -1,6 +1,5 @@
 // The `raggedattn` command: check, run, bench, info. Parsing and printing only; the work is in
 // src/verify.
-#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
@@ -96,6 +95,13 @@ const char* command_name(Command c) {
     if (command == c) return name;
   }
   return "";
+}
+// The command named `name`, or nullptr.
+const Command* find_command(const std::string& name) {
+  for (const auto& entry : kCommands) {
+    if (name == entry.first) return &entry.second;
+  }
+  return nullptr;
 }
 
 Options parse(Command cmd, Args& args) {
@@ -496,11 +502,9 @@ int cmd_info(const Options& o) {
 // One command's part of kUsage (its line and the option lines under it), for `COMMAND --help`;
 // empty for a name that is not a command.
 std::string command_help(const std::string& cmd) {
-  const bool known = std::any_of(std::begin(kCommands), std::end(kCommands),
-                                 [&](const auto& c) { return cmd == c.first; });
   const std::string text = kUsage, head = "\n  " + cmd + " ";
   const size_t begin = text.find(head);
-  if (!known || begin == std::string::npos) return "";
+  if (!find_command(cmd) || begin == std::string::npos) return "";
   size_t end = begin + 1;
   // The block ends at the next command's line ("  name ...") or the blank line after the last.
   while (true) {
@@ -534,24 +538,25 @@ int main_impl(int argc, char** argv) {
   }
   try {
     Args args(argc, argv, 2);
-    std::string known;
-    for (const auto& [name, command] : kCommands) {
-      if (cmd != name) {
-        known += std::string(known.empty() ? "" : ", ") + name;
-        continue;
+    const Command* command = find_command(cmd);
+    if (!command) {
+      std::string known;
+      for (const auto& entry : kCommands) {
+        known += (known.empty() ? "" : ", ") + std::string(entry.first);
       }
-      switch (command) {
-        case Command::Check:
-          return cmd_check(parse(command, args));
-        case Command::Run:
-          return cmd_run(parse(command, args), /*bench=*/false);
-        case Command::Bench:
-          return cmd_run(parse(command, args), /*bench=*/true);
-        case Command::Info:
-          return cmd_info(parse(command, args));
-      }
+      throw UsageError("unknown command '" + cmd + "'; expected one of " + known);
     }
-    throw UsageError("unknown command '" + cmd + "'; expected one of " + known);
+    switch (*command) {
+      case Command::Check:
+        return cmd_check(parse(*command, args));
+      case Command::Run:
+        return cmd_run(parse(*command, args), /*bench=*/false);
+      case Command::Bench:
+        return cmd_run(parse(*command, args), /*bench=*/true);
+      case Command::Info:
+        return cmd_info(parse(*command, args));
+    }
+    return kExitUsage;  // every Command is a case above
   } catch (const UsageError& e) {
     std::fprintf(stderr, "raggedattn: %s\n", e.what());
     return kExitUsage;
