@@ -41,14 +41,21 @@ struct MaskSpec {
     if (left < 0) return len_q;
     return static_cast<int>(clamp64(j - diag_shift(len_q, len_kv) + left + 1, 0, len_q));
   }
+  // The query rows that see any of keys [j0, j0 + keys), keys >= 1: [query_begin(j0),
+  // query_end(j0 + keys - 1)), empty where begin >= end (both ends are non-decreasing in the key).
+  struct RowSpan {
+    int begin, end;
+  };
+  RATTN_HD RowSpan query_rows(int j0, int keys, int len_q, int len_kv) const {
+    return {query_begin(j0, len_q, len_kv), query_end(j0 + keys - 1, len_q, len_kv)};
+  }
   // The backward's steps for keys [n0, n0 + keys) (one key tile): the query tiles of `bm` rows
   // that hold a row seeing any of those keys (count 0 where none does).
   RATTN_HD TileSpan query_tiles(int n0, int keys, int bm, int len_q, int len_kv) const {
-    const int q_lo = query_begin(n0, len_q, len_kv);
-    const int q_hi = query_end(n0 + keys - 1, len_q, len_kv);
+    const RowSpan q = query_rows(n0, keys, len_q, len_kv);
     TileSpan t;
-    t.first = q_lo / bm;
-    t.count = q_lo < q_hi ? (q_hi - 1) / bm - t.first + 1 : 0;
+    t.first = q.begin / bm;
+    t.count = q.begin < q.end ? (q.end - 1) / bm - t.first + 1 : 0;
     return t;
   }
   // The backward's deterministic order on the query tile of `bm` rows from row m0: the key tiles

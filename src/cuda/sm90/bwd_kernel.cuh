@@ -298,16 +298,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dv[f][e] = 0.f;
 
-    // The query rows that see any of this warpgroup's keys inside the segment, [k_lo, k_hi):
-    // rows [query_begin(k_lo), query_end(k_hi - 1)), both ends non-decreasing in the key
-    // (mask.hpp); empty where the warpgroup has no key inside the segment. Two registers for the
-    // loop (the per-step test on the key range measured 28 B more spills at D = 128).
+    // The query rows that see any of this warpgroup's keys inside the segment, [k_lo, k_hi)
+    // (MaskSpec::query_rows); empty where the warpgroup has no key inside the segment. Two
+    // registers for the loop (the per-step test on the key range measured 28 B more spills at
+    // D = 128).
     int seen_lo = 0, seen_hi = 0;
     if constexpr (!SPLIT) {
       const int k_lo = n0 + key0, k_hi = n0 + min(keys, key0 + 64);
       if (k_hi > k_lo) {
-        seen_lo = p.mask.query_begin(k_lo, seg.len_q, seg.len_kv);
-        seen_hi = p.mask.query_end(k_hi - 1, seg.len_q, seg.len_kv);
+        const MaskSpec::RowSpan seen = p.mask.query_rows(k_lo, k_hi - k_lo, seg.len_q, seg.len_kv);
+        seen_lo = seen.begin;
+        seen_hi = seen.end;
       }
     }
     if (n_it > 0) mbar_wait(kv_full, 0);
