@@ -10,10 +10,10 @@ latest.md (a table) and latest.png (a chart) under --out.
 
 Our processes time in the torch anchors' regime by default, triton.testing.do_bench's (the JAX
 anchors time 30 calls after 3 warm-up calls, wall clock): warm-up calls for 50 ms, then timed
-calls for at least 200 ms, each after 256 MiB are zeroed (untimed), the median reported. The GPU's clock falls under sustained load, so a shorter regime (--warmup-ms 0
---min-ms 0 --l2-flush-mb 0: one warm-up call and --repeat timed calls, the tables before
-2026-12-01) measures a faster GPU than the anchors had: up to 13% on one_doc_16k's forward
-(docs/PERFORMANCE.md item 60).
+calls for at least 200 ms, each after 256 MiB are zeroed (untimed), the median reported. The GPU's
+clock falls under sustained load, so a shorter regime (--warmup-ms 0 --min-ms 0 --l2-flush-mb 0:
+one warm-up call and --repeat timed calls, the tables before 2026-12-01) measures a faster GPU
+than the anchors had: up to 13% on one_doc_16k's forward (docs/PERFORMANCE.md item 60).
 """
 import argparse
 import datetime
@@ -39,8 +39,8 @@ ANCHOR_KEYS = {
 
 
 # What `raggedattn bench --json` reports of the GPU while each direction's timed calls ran, sampled
-# in-process through NVML about every millisecond (absent where NVML is not there): the median SM clock
-# and power per direction. They tell a slower GPU from a slower kernel (the same kernels measure
+# in-process through NVML about every millisecond (absent where NVML is not there): the median SM
+# clock and power per direction. They tell a slower GPU from a slower kernel (the same kernels measure
 # up to 9% apart from one process to the next, and a backward right after a slower forward ran
 # 7-9% faster: PERFORMANCE.md item 58).
 # fwd/bwd_throttled: the share of samples whose clock was held down by power or temperature;
