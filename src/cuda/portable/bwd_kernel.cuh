@@ -71,7 +71,18 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   auto next_step = [&](Step s) {
     return s.m_tile + 1 == m_first + m_count ? Step{s.h + 1, m_first} : Step{s.h, s.m_tile + 1};
   };
-  auto load_stage = [&](Step s, int buf) {
+  // A stage is loaded in two parts (dO; Q with the row statistics), so that the double-buffered
+  // loop can issue each part at a different point of the step before (FlashAttention-2's
+  // placement): the warps then do not all queue their copies at once behind the step's barrier,
+  // where each copy's late read of its address registers stalls the next instruction that
+  // reuses them.
+  auto load_do = [&](Step s, int buf) {
+    const int64_t row0 = seg.q_row0 + s.m_tile * BM;
+    load_tile_async<BM, DV, NT>(smem + L.d_o + buf * L.do_stage, L.do_pitch,
+                                static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, s.h),
+                                p.do_layout.token_stride, seg.len_q - s.m_tile * BM, tid);
+  };
+  auto load_q_stats = [&](Step s, int buf) {
     const int h = s.h;
     const int m0 = s.m_tile * BM;
     const int64_t row0 = seg.q_row0 + m0;
@@ -79,9 +90,6 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     load_tile_async<BM, DQK, NT>(smem + L.q + buf * L.q_stage, L.q_pitch,
                                  static_cast<const T*>(p.q) + p.q_layout.offset(row0, h),
                                  p.q_layout.token_stride, valid, tid);
-    load_tile_async<BM, DV, NT>(smem + L.d_o + buf * L.do_stage, L.do_pitch,
-                                static_cast<const T*>(p.d_o) + p.do_layout.offset(row0, h),
-                                p.do_layout.token_stride, valid, tid);
     float* s_lse = reinterpret_cast<float*>(smem + L.lse + buf * L.stat_stage);
     float* s_dp = reinterpret_cast<float*>(smem + L.dpsum + buf * L.stat_stage);
     const int64_t stat = p.stats.offset(h, row0);
@@ -91,6 +99,10 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       cp_async_4(s_lse + r, p.lse + (r < valid ? stat + r : 0), r < valid);
       cp_async_4(s_dp + r, p.dpsum + (r < valid ? stat + r : 0), r < valid);
     }
+  };
+  auto load_stage = [&](Step s, int buf) {
+    load_q_stats(s, buf);
+    load_do(s, buf);
   };
 
   if (n_it > 0) {
@@ -136,10 +148,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     // buffer, P^T and dS^T are free to overwrite, and its staged dQ tile is complete.
     __syncthreads();
     flush_dq();
-    if (p.stages == 2 && it + 1 < n_it) {
-      load_stage(next_step(step), (it + 1) & 1);
-      cp_async_commit();
-    }
+    // Double-buffered: step it + 1's stage goes into the buffer step it - 1 read, free since the
+    // barrier above; dO is issued after dV's product, Q and the statistics after dQ's.
+    const bool prefetch = p.stages == 2 && it + 1 < n_it;
 
     const int h = step.h, m_tile = step.m_tile;
     const int m0 = m_tile * BM;
@@ -225,6 +236,10 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     // dV += P^T dO over this step's queries.
     warp_gemm<T, KV_MF, DV_W / 8, BM, false, true>(acc_dv, sPT, L.s_pitch, kv_key0, sdO, L.do_pitch,
                                                    dv_col0, lane);
+    if (prefetch) {
+      load_do(next_step(step), (it + 1) & 1);
+      cp_async_commit();
+    }
 
     // dQ tile = dS K over this CTA's keys, added into the scratch before dK's product (the order
     // of FlashAttention-2), so that the dK product runs while the additions are in flight.
@@ -232,6 +247,10 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     zero(dq);
     warp_gemm<T, DQ_MF, DQ_W / 8, BN, true, true>(dq, sdST, L.s_pitch, dq_row0, sK, L.k_pitch,
                                                   dq_col0, lane);
+    if (prefetch) {
+      load_q_stats(next_step(step), (it + 1) & 1);
+      cp_async_commit();
+    }
 
     int32_t* lock = nullptr;
     if (ordered) {
