@@ -280,16 +280,44 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     if (p.dq_staged) {
       staged = true;
       float* sdq = reinterpret_cast<float*>(smem + L.dq);
+      // The scratch's rows are DQK floats apart (a multiple of 128 bytes: every row starts in
+      // bank 0), so the eight rows of a warp's store (lane / 4) would all hit the same banks.
+      // Where a thread's 8-column chunks are a power of two in number, each row instead writes
+      // them rotated by its row: store k of row r takes chunk (k + r) mod NC, spreading the eight
+      // rows over the banks (8 bank passes per store become 2 at D = 128). The rotation is a
+      // shifter of NC-wide selects on the registers, by the bits of r.
+      constexpr int NC = DQ_W / 8;
+      constexpr bool kRotate = (NC & (NC - 1)) == 0 && NC > 1;
+      const int rot = kRotate ? (lane / 4) & (NC - 1) : 0;
 #pragma unroll
       for (int mf = 0; mf < DQ_MF; ++mf)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float* srow = sdq + (dq_row0 + mf * 16 + lane / 4 + 8 * half) * L.dq_pitch + dq_col0 +
                         2 * (lane % 4);
+          float2 c[NC];
 #pragma unroll
-          for (int f = 0; f < DQ_W / 8; ++f) {
-            *reinterpret_cast<float2*>(srow + f * 8) =
-                make_float2(dq[mf][f][2 * half], dq[mf][f][2 * half + 1]);
+          for (int f = 0; f < NC; ++f) {
+            c[f] = make_float2(dq[mf][f][2 * half], dq[mf][f][2 * half + 1]);
+          }
+          if constexpr (kRotate) {
+#pragma unroll
+            for (int sh = 1; sh < NC; sh <<= 1) {
+              const bool on = (rot & sh) != 0;
+              float2 n[NC];
+#pragma unroll
+              for (int f = 0; f < NC; ++f) {
+                n[f].x = on ? c[(f + sh) % NC].x : c[f].x;
+                n[f].y = on ? c[(f + sh) % NC].y : c[f].y;
+              }
+#pragma unroll
+              for (int f = 0; f < NC; ++f) c[f] = n[f];
+            }
+          }
+#pragma unroll
+          for (int k = 0; k < NC; ++k) {
+            const int chunk = kRotate ? (k + rot) & (NC - 1) : k;
+            *reinterpret_cast<float2*>(srow + chunk * 8) = c[k];
           }
         }
       fence_proxy_async_smem();  // visible to the bulk copy (async proxy) after the barrier
