@@ -94,6 +94,45 @@ TEST(PortableSmem, BackwardRegionsAreDisjointAlignedAndInside) {
   }
 }
 
+// The staged dQ tile's stores (portable backward, sm_90 build): each thread writes every chunk of
+// its row exactly once, and one store of a warp (rows lane / 4 = 0..7, the four lanes of a row
+// two floats each) takes at most 2 passes over the 32 banks where the chunk's block has 4 or more
+// chunks, 4 in a block of 2 (8 if every row wrote the same chunk: the rows are 128-byte
+// multiples apart).
+TEST(PortableSmem, StagedDqStoresSpreadOverTheBanks) {
+  for (const Dims& d : kDims) {
+    const int cols = portable::bwd_dq_warp_cols(d.dqk, d.dv), nc = cols / 8;
+    const std::string what = "D=" + std::to_string(d.dqk) + "/" + std::to_string(d.dv);
+    ASSERT_EQ(cols % 8, 0) << what;
+    ASSERT_EQ(d.dqk * 4 % 128, 0) << what << ": rows not 128-byte multiples apart";
+    for (int r = 0; r < 8; ++r) {
+      std::vector<int> seen(nc, 0);
+      for (int k = 0; k < nc; ++k) {
+        const int c = portable::dq_stage_chunk(k, r, nc);
+        ASSERT_TRUE(c >= 0 && c < nc) << what << " row " << r << " store " << k << ": chunk " << c;
+        ++seen[c];
+      }
+      for (int c = 0; c < nc; ++c) EXPECT_EQ(seen[c], 1) << what << " row " << r << " chunk " << c;
+    }
+    for (int col0 = 0; col0 < d.dqk; col0 += cols) {  // every warp's column range
+      for (int k = 0; k < nc; ++k) {
+        std::vector<int> words_per_bank(32, 0);
+        for (int r = 0; r < 8; ++r)
+          for (int q = 0; q < 4; ++q)
+            for (int e = 0; e < 2; ++e) {
+              const int word = r * d.dqk + col0 + portable::dq_stage_chunk(k, r, nc) * 8 + 2 * q + e;
+              ++words_per_bank[word % 32];
+            }
+        const int passes = *std::max_element(words_per_bank.begin(), words_per_bank.end());
+        const int first = portable::pow2_floor(nc), block = k < first ? first : nc - first;
+        ASSERT_EQ(portable::pow2_floor(block), block) << what << ": a block of " << block;
+        EXPECT_LE(passes, block >= 4 ? 2 : 8 / block)
+            << what << " columns from " << col0 << ", store " << k << " (block of " << block << ")";
+      }
+    }
+  }
+}
+
 TEST(PortableSmem, ForwardRegionsAreDisjointAlignedAndInside) {
   for (const Dims& d : kDims) {
     const portable::FwdConfig c = portable::fwd_config(d.dqk, d.dv);

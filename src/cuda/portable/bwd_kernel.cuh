@@ -19,6 +19,24 @@
 namespace raggedattn {
 namespace portable {
 
+// c[B0 + f] <- c[B0 + (f + r) mod B] over the block [B0, B0 + B) (B a power of two), by a shifter
+// of selects on r's bits: the staged dQ tile's registers in dq_stage_chunk's store order.
+template <int B0, int B, int N>
+__device__ __forceinline__ void rotate_chunks(float2 (&c)[N], int r) {
+#pragma unroll
+  for (int sh = 1; sh < B; sh <<= 1) {
+    const bool on = (r & sh) != 0;
+    float2 n[B];
+#pragma unroll
+    for (int f = 0; f < B; ++f) {
+      n[f].x = on ? c[B0 + (f + sh) % B].x : c[B0 + f].x;
+      n[f].y = on ? c[B0 + (f + sh) % B].y : c[B0 + f].y;
+    }
+#pragma unroll
+    for (int f = 0; f < B; ++f) c[B0 + f] = n[f];
+  }
+}
+
 template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     bwd_kernel(const __grid_constant__ BwdParams p) {
@@ -30,7 +48,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   constexpr int KV_KW = BN / C.kv_warps_key, KV_DW = NW / C.kv_warps_key;
   constexpr int DK_W = DQK / KV_DW, DV_W = DV / KV_DW;
   // dQ tile [BM queries x DQK]: warp tile DQ_QW queries x DQ_W columns.
-  constexpr int DQ_QW = BM / C.dq_warps_q, DQ_W = DQK / (NW / C.dq_warps_q);
+  constexpr int DQ_QW = BM / C.dq_warps_q, DQ_W = bwd_dq_warp_cols(DQK, DV);
   constexpr int S_MF = S_KW / 16, S_NF = S_QW / 8;
   constexpr int KV_MF = KV_KW / 16, DQ_MF = DQ_QW / 16;
   static_assert(S_KW % 16 == 0 && S_QW % 16 == 0, "score warp tile");
@@ -280,44 +298,29 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     if (p.dq_staged) {
       staged = true;
       float* sdq = reinterpret_cast<float*>(smem + L.dq);
-      // The scratch's rows are DQK floats apart (a multiple of 128 bytes: every row starts in
-      // bank 0), so the eight rows of a warp's store (lane / 4) would all hit the same banks.
-      // Where a thread's 8-column chunks are a power of two in number, each row instead writes
-      // them rotated by its row: store k of row r takes chunk (k + r) mod NC, spreading the eight
-      // rows over the banks (8 bank passes per store become 2 at D = 128). The rotation is a
-      // shifter of NC-wide selects on the registers, by the bits of r.
+      // Each row writes its 8-column chunks in dq_stage_chunk's order (rotated by the row inside
+      // power-of-two blocks), so a store's eight rows, DQK floats apart, spread over the banks
+      // (docs/PERFORMANCE.md item 70). The registers follow by a shifter of selects on r's bits.
       constexpr int NC = DQ_W / 8;
-      constexpr bool kRotate = (NC & (NC - 1)) == 0 && NC > 1;
-      const int rot = kRotate ? (lane / 4) & (NC - 1) : 0;
+      constexpr int NB1 = pow2_floor(NC), NB2 = NC - NB1;  // the blocks: 6 = 4 + 2
+      static_assert(NB2 == 0 || pow2_floor(NB2) == NB2, "at most two power-of-two blocks");
+      const int r = lane / 4;
 #pragma unroll
       for (int mf = 0; mf < DQ_MF; ++mf)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          float* srow = sdq + (dq_row0 + mf * 16 + lane / 4 + 8 * half) * L.dq_pitch + dq_col0 +
+          float* srow = sdq + (dq_row0 + mf * 16 + r + 8 * half) * L.dq_pitch + dq_col0 +
                         2 * (lane % 4);
           float2 c[NC];
 #pragma unroll
           for (int f = 0; f < NC; ++f) {
             c[f] = make_float2(dq[mf][f][2 * half], dq[mf][f][2 * half + 1]);
           }
-          if constexpr (kRotate) {
-#pragma unroll
-            for (int sh = 1; sh < NC; sh <<= 1) {
-              const bool on = (rot & sh) != 0;
-              float2 n[NC];
-#pragma unroll
-              for (int f = 0; f < NC; ++f) {
-                n[f].x = on ? c[(f + sh) % NC].x : c[f].x;
-                n[f].y = on ? c[(f + sh) % NC].y : c[f].y;
-              }
-#pragma unroll
-              for (int f = 0; f < NC; ++f) c[f] = n[f];
-            }
-          }
+          rotate_chunks<0, NB1>(c, r);
+          if constexpr (NB2 > 0) rotate_chunks<NB1, NB2>(c, r);
 #pragma unroll
           for (int k = 0; k < NC; ++k) {
-            const int chunk = kRotate ? (k + rot) & (NC - 1) : k;
-            *reinterpret_cast<float2*>(srow + chunk * 8) = c[k];
+            *reinterpret_cast<float2*>(srow + dq_stage_chunk(k, r, NC) * 8) = c[k];
           }
         }
       fence_proxy_async_smem();  // visible to the bulk copy (async proxy) after the barrier

@@ -51,6 +51,35 @@ RATTN_HD constexpr BwdConfig bwd_config(int dqk, int /*dv*/) {
                     : BwdConfig{64, 64, 8, 2, 2, 2};
 }
 
+// Columns of the dQ tile [block_m x dqk] one warp computes (warps split queries x head dim).
+RATTN_HD constexpr int bwd_dq_warp_cols(int dqk, int dv) {
+  const BwdConfig c = bwd_config(dqk, dv);
+  return dqk / (c.warps / c.dq_warps_q);
+}
+
+// The largest power of two <= n (n >= 1), without a loop (it folds wherever n is a constant).
+RATTN_HD constexpr int pow2_floor(int n) {
+  unsigned p = unsigned(n);
+  p |= p >> 1;
+  p |= p >> 2;
+  p |= p >> 4;
+  p |= p >> 8;
+  p |= p >> 16;
+  return int(p - (p >> 1));
+}
+// The staged dQ tile's store order (sm_90 build of the backward). A thread holds nc chunks of a
+// row (8 columns each, bwd_dq_warp_cols / 8) and writes them into the scratch's row layout, rows
+// dqk floats apart: a multiple of 128 bytes, so rows r = lane / 4 = 0..7 of one store would all
+// hit the same banks. The chunks form blocks of a power of two (6 = 4 + 2), and store k of row r
+// writes chunk b0 + (k - b0 + r) mod B of the block [b0, b0 + B) holding k, which spreads the
+// eight rows over the banks (tests/cpu/smem_layout_test.cpp counts the passes). At most two
+// blocks: nc - pow2_floor(nc) must be a power of two or 0 (nc = 2, 4, 6, 8 here).
+RATTN_HD constexpr int dq_stage_chunk(int k, int r, int nc) {
+  const int b1 = pow2_floor(nc);
+  const int b0 = k < b1 ? 0 : b1, b = k < b1 ? b1 : nc - b1;
+  return b0 + ((k - b0 + r) & (b - 1));
+}
+
 // Byte offsets inside the dynamic shared memory of one forward CTA.
 struct FwdSmem {
   int q_pitch, k_pitch, v_pitch;  // elements
