@@ -120,11 +120,13 @@ TEST(PortableSmem, StagedDqStoresSpreadOverTheBanks) {
         for (int r = 0; r < 8; ++r)
           for (int q = 0; q < 4; ++q)
             for (int e = 0; e < 2; ++e) {
-              const int word = r * d.dqk + col0 + portable::dq_stage_chunk(k, r, nc) * 8 + 2 * q + e;
+              const int word =
+                  r * d.dqk + col0 + portable::dq_stage_chunk(k, r, nc) * 8 + 2 * q + e;
               ++words_per_bank[word % 32];
             }
         const int passes = *std::max_element(words_per_bank.begin(), words_per_bank.end());
-        const int first = portable::pow2_floor(nc), block = k < first ? first : nc - first;
+        const portable::DqStageBlocks b = portable::dq_stage_blocks(nc);
+        const int block = k < b.first ? b.first : b.second;
         ASSERT_EQ(portable::pow2_floor(block), block) << what << ": a block of " << block;
         EXPECT_LE(passes, block >= 4 ? 2 : 8 / block)
             << what << " columns from " << col0 << ", store " << k << " (block of " << block << ")";

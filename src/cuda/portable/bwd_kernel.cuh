@@ -302,15 +302,16 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       // power-of-two blocks), so a store's eight rows, DQK floats apart, spread over the banks
       // (docs/PERFORMANCE.md item 70). The registers follow by a shifter of selects on r's bits.
       constexpr int NC = DQ_W / 8;
-      constexpr int NB1 = pow2_floor(NC), NB2 = NC - NB1;  // the blocks: 6 = 4 + 2
+      constexpr DqStageBlocks kBlocks = dq_stage_blocks(NC);  // 6 = 4 + 2
+      constexpr int NB1 = kBlocks.first, NB2 = kBlocks.second;
       static_assert(NB2 == 0 || pow2_floor(NB2) == NB2, "at most two power-of-two blocks");
       const int r = lane / 4;
 #pragma unroll
       for (int mf = 0; mf < DQ_MF; ++mf)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          float* srow = sdq + (dq_row0 + mf * 16 + r + 8 * half) * L.dq_pitch + dq_col0 +
-                        2 * (lane % 4);
+          float* srow =
+              sdq + (dq_row0 + mf * 16 + r + 8 * half) * L.dq_pitch + dq_col0 + 2 * (lane % 4);
           float2 c[NC];
 #pragma unroll
           for (int f = 0; f < NC; ++f) {

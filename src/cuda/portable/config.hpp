@@ -74,9 +74,15 @@ RATTN_HD constexpr int pow2_floor(int n) {
 // writes chunk b0 + (k - b0 + r) mod B of the block [b0, b0 + B) holding k, which spreads the
 // eight rows over the banks (tests/cpu/smem_layout_test.cpp counts the passes). At most two
 // blocks: nc - pow2_floor(nc) must be a power of two or 0 (nc = 2, 4, 6, 8 here).
+struct DqStageBlocks {
+  int first, second;  // chunks [0, first) and [first, first + second)
+};
+RATTN_HD constexpr DqStageBlocks dq_stage_blocks(int nc) {
+  return {pow2_floor(nc), nc - pow2_floor(nc)};
+}
 RATTN_HD constexpr int dq_stage_chunk(int k, int r, int nc) {
-  const int b1 = pow2_floor(nc);
-  const int b0 = k < b1 ? 0 : b1, b = k < b1 ? b1 : nc - b1;
+  const DqStageBlocks s = dq_stage_blocks(nc);
+  const int b0 = k < s.first ? 0 : s.first, b = k < s.first ? s.first : s.second;
   return b0 + ((k - b0 + r) & (b - 1));
 }
 
