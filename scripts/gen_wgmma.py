@@ -17,6 +17,9 @@ OPS = [
     ("rs_m64n128k16_tb", 128, True, 0, 1),
     ("rs_m64n64k16_tb", 64, True, 0, 1),
     ("rs_m64n256k16_tb", 256, True, 0, 1),  # forward O += P V at head dim 256
+    # forward S = Q K^T with Q's fragments in registers (D <= 128), K K-major
+    ("rs_m64n128k16", 128, True, 0, 0),
+    ("rs_m64n64k16", 64, True, 0, 0),
     # backward dQ = dS K: dS from dS^T ([key][query], M-major), K N-major
     ("ss_m64n64k16_tab", 64, False, 1, 1),
     ("ss_m64n32k16_tab", 32, False, 1, 1),  # dQ at head dim 64 (32 columns per warpgroup)

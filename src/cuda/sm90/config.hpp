@@ -69,6 +69,17 @@ RATTN_HD constexpr FwdConfig fwd_config(int dqk, int dv, bool persistent = false
          : fwd_q_buffers(dqk, dv, persistent) == 2 ? FwdConfig{128, 128, 2, 3, 56, 224}
                                                    : FwdConfig{128, 128, 2, 3, 40, 232};
 }
+// The forward's k16 steps of S = Q K^T whose Q fragments a consumer holds in registers for the
+// whole item (4 registers per thread each; the rest read Q from shared memory with K). Each saves
+// 2 KiB of a consumer's shared-memory operand reads per K/V tile, where at D = 128 a CTA step's
+// products read 160 KiB and its K/V copies write 64 KiB (PERFORMANCE.md item 76). As many as fit
+// without spilling inside the key loop (ptxas, sm_90a): the grid kernel holds all four at Dqk = 64
+// and four of eight at Dqk = 128 (all eight spilled 84 bytes, six 92); none where O's or Q's share
+// of the registers is larger (Dqk 192 and 256), and none in the persistent kernel, whose consumers
+// have 224 registers (two of eight steps at Dqk = 128 spilled 76 bytes there, four at Dqk = 64 12).
+RATTN_HD constexpr int fwd_q_reg_ksteps(int dqk, bool persistent) {
+  return persistent ? 0 : dqk == 64 || dqk == 128 ? 4 : 0;
+}
 // Every head dims' config has the same warpgroups (fwd_config_ok), so one thread count.
 constexpr int kFwdConsumers = 2;
 RATTN_HD constexpr bool fwd_config_ok(FwdConfig c) {

@@ -237,6 +237,19 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
 
   uint32_t a[BN / 16][4];  // P of the current tile, the register A operand of P V
   float sc[NF][4];
+  // The first kQRegSteps k16 steps of S = Q K^T take Q's fragments from registers (the RS
+  // wgmma; fwd_q_reg_ksteps), loaded once per item by ldmatrix from the swizzled Q tile: lanes
+  // 0-15 address the warp's 16 rows at a step's first 8 columns, lanes 16-31 at its last 8 (the
+  // A fragment's four 8x8 tiles). The other steps read Q from shared memory.
+  constexpr int kQRegSteps = fwd_q_reg_ksteps(DQK, kPersistent);
+  uint32_t qa[kQRegSteps > 0 ? kQRegSteps : 1][4];
+  if constexpr (kQRegSteps > 0) {
+    const int q_row = cw * 64 + warp_in_wg * 16 + lane % 16;
+#pragma unroll
+    for (int kk = 0; kk < kQRegSteps; ++kk) {
+      portable::ldmatrix_x4(qa[kk], q_addr + swizzled_offset(BM, q_row, 2 * kk + lane / 16));
+    }
+  }
   // This consumer's rows inside the segment (none: a segment's last tile of at most 64 rows, for
   // consumer 1) and, on the item's last key tile, the keys its rows see from the tile's first key
   // (causal: consumer 0 sees at most the first 64 keys of the diagonal tile). Both ends of the
@@ -281,8 +294,17 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      const uint64_t da = desc_advance(q_desc, panel * BM * kSwizzleBytes + within);
       const uint64_t db = desc_advance(k_desc, panel * BN * kSwizzleBytes + within);
+      if (kk < kQRegSteps) {  // known at compile time (the loop is unrolled)
+        uint32_t(&qk)[4] = qa[kk < kQRegSteps ? kk : 0];
+        if constexpr (BN == 128) {
+          rs_m64n128k16<T>(sc, qk, db, kk > 0 ? 1 : 0);
+        } else {
+          rs_m64n64k16<T>(sc, qk, db, kk > 0 ? 1 : 0);
+        }
+        continue;
+      }
+      const uint64_t da = desc_advance(q_desc, panel * BM * kSwizzleBytes + within);
       if constexpr (BN == 128) {
         ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
       } else {
