@@ -189,7 +189,8 @@ __device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigne
 }
 
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
-// head h) with Q in shared memory (Q buffer q_buf): the key loop over the item's K/V tiles, which
+// head h) with Q in shared memory (Q buffer q_buf; the first fwd_q_reg_ksteps k-steps of S read it
+// from registers, loaded once per item): the key loop over the item's K/V tiles, which
 // are the CTA's K/V tiles g, g + 1, ... (stage (g + i) % STAGES), then O and LSE. kPersistent: the
 // persistent kernel's buffers (fwd_config / fwd_smem with persistent set), arrive on q_empty once
 // done with the Q buffer (the producer may then replace Q: after O has gone out through it, or,
@@ -242,6 +243,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   // 0-15 address the warp's 16 rows at a step's first 8 columns, lanes 16-31 at its last 8 (the
   // A fragment's four 8x8 tiles). The other steps read Q from shared memory.
   constexpr int kQRegSteps = fwd_q_reg_ksteps(DQK, kPersistent);
+  static_assert(kQRegSteps >= 0 && kQRegSteps <= KSTEPS, "Q's register steps are steps of S");
   uint32_t qa[kQRegSteps > 0 ? kQRegSteps : 1][4];
   if constexpr (kQRegSteps > 0) {
     const int q_row = cw * 64 + warp_in_wg * 16 + lane % 16;
