@@ -4,7 +4,10 @@
 # correctness test can see it (PERFORMANCE.md item 58: the forward at 382 instead of 689 TFLOP/s
 # on one_doc_16k, every check passing). Recompiles each object of the sm_90a target with its own
 # build command plus -Xptxas -v (into a scratch file) and reads ptxas's report; prints each
-# kernel's spills too. Needs a Ninja build (CTest runs it as sm90.wgmma_not_serialized).
+# kernel's spills too. Also fails where the forward's grid kernel (fwd_kernel) spills at all: how
+# many of S's k-steps take Q from registers (fwd_q_reg_ksteps, sm90/config.hpp) is the most that
+# fit without spilling, so a spill there means that choice, or the code around it, needs another
+# look. Needs a Ninja build (CTest runs it as sm90.wgmma_not_serialized).
 #   scripts/check_ptxas.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
@@ -25,6 +28,16 @@ for o in $objs; do
   echo "$o: $spills kernels, $nonzero with spills, $serialized with serialized wgmma"
   if [ "$serialized" -gt 0 ]; then
     grep 'C7515' "$tmp/log" | sed 's/.*function /  serialized: /'
+    status=1
+  fi
+  # Each function's spill line follows its "Function properties for NAME" line.
+  grid_spills=$(awk '/Function properties for/ { f = $NF }
+    /bytes spill stores/ && f ~ /sm9010fwd_kernel/ {
+      for (i = 1; i <= NF; ++i) if ($i == "spill" && $(i + 1) == "stores,") n = $(i - 2)
+      if (n + 0 > 0) print "  forward grid kernel spills " n " bytes: " f }' "$tmp/log")
+  if [ -n "$grid_spills" ]; then
+    echo "$grid_spills"
+    echo "check_ptxas: the forward's grid kernel must not spill (see fwd_q_reg_ksteps)" >&2
     status=1
   fi
 done
