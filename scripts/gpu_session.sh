@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
 #
-# STEPs: info check tests sanitize profile profile_source bench anchors python train ab
+# STEPs: info check tests sanitize profile profile_source percycle bench anchors python train ab
 # (default: info check tests sanitize bench).
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
 # `anchors` needs ANCHORS_DIR (the anchor scripts). `python` installs the package over BUILD_DIR's
@@ -104,6 +104,21 @@ lens, causal = WORKLOADS['$wl']; print(','.join(map(str, lens)), '--causal' if c
           python3 "$repo/scripts/stall_summary.py" "$out/source_$k.csv" --regions \
             >"$out/stalls_$k.txt"
       done ;;
+    percycle)
+      # The same Nsight Compute metrics, one launch each (clocks untouched), for our Hopper
+      # forward and backward on one_doc_16k and cuDNN's dense SDPA through PyTorch on its shape
+      # (bench/cudnn_sdpa_probe.py), tabled per cycle by scripts/ncu_percycle.py
+      # (docs/PERFORMANCE.md item 78).
+      metrics=$(python3 "$repo/scripts/ncu_percycle.py" --metrics)
+      for k in fwd bwd; do
+        step "percycle_$k" 120 ncu --clock-control none --metrics "$metrics" --kernel-name \
+          "regex:${k}_kernel" --launch-skip 1 --launch-count 1 --csv --page raw "$cli" bench \
+          --segments 16384 --heads 32/8 --dim 128 --causal --repeat 1
+      done
+      step percycle_cudnn 240 ncu --clock-control none --metrics "$metrics" --kernel-name \
+        regex:cudnn --csv --page raw python3 "$repo/bench/cudnn_sdpa_probe.py"
+      python3 "$repo/scripts/ncu_percycle.py" "$out"/percycle_{fwd,bwd,cudnn}.txt \
+        >"$out/percycle.md" && cat "$out/percycle.md" ;;
     bench)
       step bench 300 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors --out "$out" ;;
     anchors)
