@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""cuDNN's dense SDPA through PyTorch on one causal document at several head dims, for the table
+of other head dims in docs/PERFORMANCE.md: 32 query heads, K and V expanded from 8 KV heads to 32
+(as bench's anchor script calls cuDNN), bf16, timed in the anchors' regime (triton's do_bench:
+warm-up 50 ms, timed 200 ms, 256 MiB zeroed before each call, the median). The backward is timed
+on torch.autograd.grad, so no gradient accumulation kernels are in its time. TFLOP/s count the
+visible (query, key) pairs only, as raggedattn's bench does: 2 * (Dqk + Dv) * heads per pair
+forward, 2.5 times that backward. A head dim cuDNN rejects is printed as such.
+
+    python3 bench/head_dims_cudnn.py [--tokens 16384] [--dims 64,128,256]
+"""
+import argparse
+import json
+
+import torch
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--heads", type=int, default=32)
+    args = ap.parse_args()
+    s, h = args.tokens, args.heads
+    pairs = s * (s + 1) // 2
+    for d in (int(x) for x in args.dims.split(",")):
+        gen = torch.Generator(device="cuda").manual_seed(d)
+        q, k, v = (torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   .requires_grad_() for _ in range(3))
+        grad_out = torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        fwd_flop = 2.0 * (d + d) * h * pairs
+        row = {"impl": "cudnn_dense_sdpa", "tokens": s, "heads": h, "dim": d}
+        try:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                def fwd():
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+                out = fwd()
+
+                def bwd():
+                    torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
+
+                fwd_ms = triton.testing.do_bench(fwd, warmup=50, rep=200, return_mode="median")
+                bwd_ms = triton.testing.do_bench(bwd, warmup=50, rep=200, return_mode="median")
+            row.update(fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_tflops=fwd_flop / fwd_ms * 1e-9,
+                       bwd_tflops=2.5 * fwd_flop / bwd_ms * 1e-9)
+        except RuntimeError as e:  # cuDNN rejects the shape: say so, go on
+            row["error"] = str(e).splitlines()[0][:200]
+        print(json.dumps(row), flush=True)
+        del q, k, v, grad_out
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
