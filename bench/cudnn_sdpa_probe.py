@@ -3,10 +3,16 @@
 32 heads, D = 128, bf16, K and V expanded to 32 heads as bench's anchor script does): two forward
 and backward passes, for Nsight Compute to profile (`scripts/gpu_session.sh BUILD OUT percycle`;
 docs/PERFORMANCE.md item 78). Needs PyTorch with CUDA and cuDNN attention; prints nothing."""
+import os
+import sys
+
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-S, H, D = 16384, 32, 128
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workloads import D, HQ as H, WORKLOADS  # noqa: E402
+
+(S,), _ = WORKLOADS["one_doc_16k"]
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
            for _ in range(3))

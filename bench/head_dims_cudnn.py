@@ -4,34 +4,38 @@ of other head dims in docs/PERFORMANCE.md: 32 query heads, K and V expanded from
 (as bench's anchor script calls cuDNN), bf16, timed in the anchors' regime (triton's do_bench:
 warm-up 50 ms, timed 200 ms, 256 MiB zeroed before each call, the median). The backward is timed
 on torch.autograd.grad, so no gradient accumulation kernels are in its time. TFLOP/s count the
-visible (query, key) pairs only, as raggedattn's bench does: 2 * (Dqk + Dv) * heads per pair
-forward, 2.5 times that backward. A head dim cuDNN rejects is printed as such.
+visible (query, key) pairs only (bench/workloads.py's fwd_flops and bwd_flops, as raggedattn's
+bench counts them). A head dim cuDNN rejects is printed as such.
 
-    python3 bench/head_dims_cudnn.py [--tokens 16384] [--dims 64,128,256]
+    python3 bench/head_dims_cudnn.py [--tokens N] [--dims 64,128,256]   (default: one_doc_16k's)
 """
 import argparse
 import json
+import os
+import sys
 
 import torch
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workloads import HQ, WORKLOADS, bwd_flops, fwd_flops  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--tokens", type=int, default=WORKLOADS["one_doc_16k"][0][0])
     ap.add_argument("--dims", default="64,128,256")
-    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=HQ)
     args = ap.parse_args()
     s, h = args.tokens, args.heads
-    pairs = s * (s + 1) // 2
     for d in (int(x) for x in args.dims.split(",")):
         gen = torch.Generator(device="cuda").manual_seed(d)
         q, k, v = (torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                    .requires_grad_() for _ in range(3))
         grad_out = torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-        fwd_flop = 2.0 * (d + d) * h * pairs
         row = {"impl": "cudnn_dense_sdpa", "tokens": s, "heads": h, "dim": d}
+        out = None  # the forward's output and graph, freed with the inputs below
         try:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 def fwd():
@@ -44,12 +48,13 @@ def main():
 
                 fwd_ms = triton.testing.do_bench(fwd, warmup=50, rep=200, return_mode="median")
                 bwd_ms = triton.testing.do_bench(bwd, warmup=50, rep=200, return_mode="median")
-            row.update(fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_tflops=fwd_flop / fwd_ms * 1e-9,
-                       bwd_tflops=2.5 * fwd_flop / bwd_ms * 1e-9)
+            row.update(fwd_ms=fwd_ms, bwd_ms=bwd_ms,
+                       fwd_tflops=fwd_flops([s], True, h, d) / fwd_ms * 1e-9,
+                       bwd_tflops=bwd_flops([s], True, h, d) / bwd_ms * 1e-9)
         except RuntimeError as e:  # cuDNN rejects the shape: say so, go on
             row["error"] = str(e).splitlines()[0][:200]
         print(json.dumps(row), flush=True)
-        del q, k, v, grad_out
+        del q, k, v, grad_out, out
         torch.cuda.empty_cache()
 
 

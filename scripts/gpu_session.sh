@@ -36,6 +36,14 @@ mkdir -p "$out"
 cli="$build/tools/raggedattn"
 status=0
 
+# A standard workload's problem as `raggedattn bench` options (bench/workloads.py: segments, heads,
+# head dim, mask), so every step below profiles the workloads' own shapes.
+workload_args() {  # name
+  python3 -c "import sys; sys.path.insert(0, '$repo/bench'); from workloads import WORKLOADS, HQ, HKV, D
+lens, causal = WORKLOADS['$1']
+print('--segments', ','.join(map(str, lens)), '--heads', f'{HQ}/{HKV}', '--dim', D, '--causal' if causal else '')"
+}
+
 step() {  # name timeout_s command...
   local name=$1 limit=$2
   shift 2
@@ -84,21 +92,18 @@ for s in $steps; do
         step "ncu_$k" 240 ncu --clock-control none --kernel-name "regex:$k" --launch-skip 1 \
           --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-          --section LaunchStats "$cli" bench --segments 16384 --heads 32/8 --dim 128 --causal \
-          --repeat 1
+          --section LaunchStats "$cli" bench $(workload_args one_doc_16k) --repeat 1
       done ;;
     profile_source)
       # Per-SASS stall samples (ncu --set full, clocks untouched) of the Hopper forward and
       # backward on PROFILE_WORKLOAD (default docs_short_32k), exported as CSV and summarized by
       # scripts/stall_summary.py (docs/PERFORMANCE.md item 47 was read this way).
-      wl=${PROFILE_WORKLOAD:-docs_short_32k}
-      segs=$(python3 -c "import sys; sys.path.insert(0, '$repo/bench'); from workloads import WORKLOADS; \
-lens, causal = WORKLOADS['$wl']; print(','.join(map(str, lens)), '--causal' if causal else '')")
+      problem=$(workload_args "${PROFILE_WORKLOAD:-docs_short_32k}")
       for k in fwd bwd; do
         [ $k = fwd ] && name='fwd_(persistent_)?kernel' || name='bwd_kernel'
         step "ncu_source_$k" 240 ncu --clock-control none --kernel-name "regex:$name" \
           --launch-skip 1 --launch-count 1 --set full --import-source no -o "$out/source_$k" \
-          "$cli" bench --segments $segs --heads 32/8 --dim 128 --repeat 1
+          "$cli" bench $problem --repeat 1
         ncu --import "$out/source_$k.ncu-rep" --page source --csv --print-source sass \
           >"$out/source_$k.csv" 2>/dev/null &&
           python3 "$repo/scripts/stall_summary.py" "$out/source_$k.csv" --regions \
@@ -113,7 +118,7 @@ lens, causal = WORKLOADS['$wl']; print(','.join(map(str, lens)), '--causal' if c
       for k in fwd bwd; do
         step "percycle_$k" 120 ncu --clock-control none --metrics "$metrics" --kernel-name \
           "regex:${k}_kernel" --launch-skip 1 --launch-count 1 --csv --page raw "$cli" bench \
-          --segments 16384 --heads 32/8 --dim 128 --causal --repeat 1
+          $(workload_args one_doc_16k) --repeat 1
       done
       step percycle_cudnn 240 ncu --clock-control none --metrics "$metrics" --kernel-name \
         regex:cudnn --csv --page raw python3 "$repo/bench/cudnn_sdpa_probe.py"
