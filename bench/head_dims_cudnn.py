@@ -7,7 +7,9 @@ on torch.autograd.grad, so no gradient accumulation kernels are in its time. TFL
 visible (query, key) pairs only (bench/workloads.py's fwd_flops and bwd_flops, as raggedattn's
 bench counts them). A head dim cuDNN rejects is printed as such.
 
-    python3 bench/head_dims_cudnn.py [--tokens N] [--dims 64,128,256]   (default: one_doc_16k's)
+    python3 bench/head_dims_cudnn.py [--tokens N] [--dims 64,128,192/128,256]
+                                                                       (default: one_doc_16k's)
+A dim is D (Q, K and V of D columns) or DQK/DV (V and the output of DV columns).
 """
 import argparse
 import json
@@ -25,16 +27,20 @@ from workloads import HQ, WORKLOADS, bwd_flops, fwd_flops  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=WORKLOADS["one_doc_16k"][0][0])
-    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--dims", default="64,128,192/128,256")
     ap.add_argument("--heads", type=int, default=HQ)
     args = ap.parse_args()
     s, h = args.tokens, args.heads
-    for d in (int(x) for x in args.dims.split(",")):
-        gen = torch.Generator(device="cuda").manual_seed(d)
-        q, k, v = (torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                   .requires_grad_() for _ in range(3))
-        grad_out = torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-        row = {"impl": "cudnn_dense_sdpa", "tokens": s, "heads": h, "dim": d}
+    for spec in args.dims.split(","):
+        dqk, _, dv = spec.partition("/")
+        dqk = int(dqk)
+        dv = int(dv) if dv else dqk
+        gen = torch.Generator(device="cuda").manual_seed(dqk * 1000 + dv)
+        q, k, v = (torch.randn(1, h, s, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   .requires_grad_() for n in (dqk, dqk, dv))
+        grad_out = torch.randn(1, h, s, dv, device="cuda", dtype=torch.bfloat16, generator=gen)
+        row = {"impl": "cudnn_dense_sdpa", "tokens": s, "heads": h, "dim": dqk, "dim_v": dv}
+        d = (dqk + dv) / 2  # 2 (Dqk + Dv) Hq FLOPs per visible pair forward = 4 d Hq
         out = None  # the forward's output and graph, freed with the inputs below
         try:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):

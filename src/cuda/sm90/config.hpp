@@ -228,17 +228,20 @@ struct FwdSmem {
 };
 // K and V of a K/V ring stage on barriers of their own (fwd_kernel.cuh's KvRing: a stage's K is
 // freed once the score products with it have landed, a step before its V): in the persistent
-// kernel, whose items of one to a few tiles wait for their first K at every item. Measured on the
-// H200 (docs/PERFORMANCE.md item 50, D = 128): the persistent kernel's two-stage ring +4.6% on
-// docs_short_32k; the grid kernel's three-stage ring -1.3% on one_doc_16k, so it keeps one pair of
-// barriers per stage.
-RATTN_HD constexpr bool fwd_kv_split(bool persistent) {
-  return persistent;
+// kernel, whose items of one to a few tiles wait for their first K at every item, and in every
+// two-stage ring, where K and V freed together leave the producer the softmax's few hundred cycles
+// to land the tile two steps ahead (the D = 256 and Dqk 192 grid kernels: item 84's profile put
+// 27% of the D = 256 consumers' stall samples on that wait). Measured on the H200
+// (docs/PERFORMANCE.md items 50 and 85): the persistent kernel's two-stage ring +4.6% on
+// docs_short_32k at D = 128; the grid kernel's three-stage ring -1.3% on one_doc_16k, so it keeps
+// one pair of barriers per stage.
+RATTN_HD constexpr bool fwd_kv_split(int dqk, int dv, bool persistent) {
+  return persistent || fwd_config(dqk, dv, persistent).stages == 2;
 }
 // The K/V ring's mbarriers: full and empty per stage, or full_k, full_v, empty_k and empty_v per
 // stage where K and V are apart.
 RATTN_HD constexpr int fwd_ring_barriers(int dqk, int dv, bool persistent) {
-  return (fwd_kv_split(persistent) ? 4 : 2) * fwd_config(dqk, dv, persistent).stages;
+  return (fwd_kv_split(dqk, dv, persistent) ? 4 : 2) * fwd_config(dqk, dv, persistent).stages;
 }
 // mbarriers: q_full[q_buffers], q_empty[q_buffers], the K/V ring's, and the producer's own for a
 // partial K/V tile's TMA boxes (it zeroes the rows past the segment after).

@@ -69,7 +69,7 @@ struct KvRing {
 template <int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ KvRing kv_ring_at(uint64_t* at) {
   constexpr int S = fwd_config(DQK, DV, kPersistent).stages;
-  if constexpr (fwd_kv_split(kPersistent)) {
+  if constexpr (fwd_kv_split(DQK, DV, kPersistent)) {
     static_assert(fwd_ring_barriers(DQK, DV, kPersistent) == 4 * S, "four arrays");
     return KvRing{at, at + S, at + 2 * S, at + 3 * S};
   } else {
@@ -83,7 +83,7 @@ __device__ __forceinline__ void init_kv_ring(const KvRing& r) {
   for (int s = 0; s < C.stages; ++s) {
     mbar_init(&r.full_k[s], 128);
     mbar_init(&r.empty_k[s], 128 * C.consumers);
-    if constexpr (fwd_kv_split(kPersistent)) {
+    if constexpr (fwd_kv_split(DQK, DV, kPersistent)) {
       mbar_init(&r.full_v[s], 128);
       mbar_init(&r.empty_v[s], 128 * C.consumers);
     }
@@ -147,7 +147,7 @@ __device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigne
     for (int panel = 0; panel < DV / 64; ++panel)
       tma_load_3d(v_dst + panel * BN * kSwizzleBytes, &args.v_map, panel * 64, hk, row, boxes);
   };
-  constexpr bool SPLIT = fwd_kv_split(kPersistent);
+  constexpr bool SPLIT = fwd_kv_split(DQK, DV, kPersistent);
   if (seg.len_kv - n0 >= BN) {
     if (g >= STAGES) mbar_wait(&ring.empty_k[s], freed);
     if constexpr (SPLIT) {
@@ -203,8 +203,8 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
                                            int q_buf, const KvRing& ring, uint64_t* q_empty) {
   constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
-  constexpr bool SPLIT = fwd_kv_split(kPersistent);  // K and V on barriers of their own
-  constexpr int NF = BN / 8;                         // n8 fragments of a score row block
+  constexpr bool SPLIT = fwd_kv_split(DQK, DV, kPersistent);  // K and V on barriers of their own
+  constexpr int NF = BN / 8;                                  // n8 fragments of a score row block
   constexpr int OF = DV / 8;  // n8 fragments of the output row block (one m64nDV accumulator)
   constexpr int KSTEPS = DQK / 16;
   constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
