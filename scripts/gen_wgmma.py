@@ -17,6 +17,7 @@ OPS = [
     ("rs_m64n128k16_tb", 128, True, 0, 1),
     ("rs_m64n64k16_tb", 64, True, 0, 1),
     ("rs_m64n256k16_tb", 256, True, 0, 1),  # forward O += P V at head dim 256
+    ("rs_m64n192k16_tb", 192, True, 0, 1),  # backward dK += dS^T Q at Dqk 192 (key split)
     # forward S = Q K^T with Q's fragments in registers (D <= 128), K K-major
     ("rs_m64n128k16", 128, True, 0, 0),
     ("rs_m64n64k16", 64, True, 0, 0),

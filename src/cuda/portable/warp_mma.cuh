@@ -26,6 +26,9 @@ struct MmaType<__nv_bfloat16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+  static __device__ __forceinline__ float2 unpack(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  }
 };
 template <>
 struct MmaType<__half> {
@@ -33,6 +36,9 @@ struct MmaType<__half> {
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t v) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
   }
 };
 
@@ -160,12 +166,6 @@ __device__ __forceinline__ void load_tile_async(void* smem, int pitch, const T* 
 // Barrier `id` (1..15; 0 is __syncthreads) among `count` threads of the CTA, a multiple of 32.
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// The same where the participating warps reach the barrier from different instructions (code
-// instantiated once per warpgroup role): `bar.sync` is `barrier.sync.aligned`, which PTX defines
-// only for every thread executing the same instruction; this form lifts that requirement.
-__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int count) {
-  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 // Arrives at barrier `id` without waiting (the other `count` - 32k threads sync on it).
 __device__ __forceinline__ void named_barrier_arrive(int id, int count) {

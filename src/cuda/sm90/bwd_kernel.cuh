@@ -6,22 +6,23 @@
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
 //     tile's turn first); warps 2-3 exit.
 //   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
-//     bwd_config and bwd_columns say: at D = 64 and 128 (key split) each owns 64 of the CTA's 128
-//     keys and all their columns; at D = 256 and 192/128 (column split) both work on the CTA's 64
-//     keys and each owns a set of columns of dK, dV and dQ. dK and dV accumulate in registers
+//     bwd_config and bwd_columns say: at D = 64, 128 and 192/128 (key split) each owns 64 of the
+//     CTA's 128 keys and all their columns; at D = 256 (column split) both work on the CTA's 64
+//     keys and each owns half of the columns of dK, dV and dQ. dK and dV accumulate in registers
 //     (two fp32 accumulators, m64n(DKN) and m64n(DVN)) while the CTA streams the query tiles (64
 //     rows) of every query head of its GQA group. Per step, in warpgroup c:
 //   S^T  = K_c Q^T     m64n64k16 over the head dim, both operands K-major in shared memory
 //   dP^T = V_c dO^T    m64n64k16 over the head dim (K_c, V_c: the warpgroup's 64 keys, or the
 //                      CTA's 64 under the column split, where both warpgroups compute them)
-//   P^T, dS^T          on the registers (P^T while dP^T is in flight)
+//   P^T, dS^T          on the registers (P^T while dP^T is in flight; at Dqk 192 S^T, P^T and
+//                      then dP^T in turn: kScoresInTurn)
 //   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers)
 //   dV  += P^T dO      4 x m64n(DVN)k16, P^T from registers, dO N-major in shared memory
 //   dK  += dS^T Q      4 x m64n(DKN)k16, dS^T from registers, Q N-major; both in flight across
 //                      a barrier: both consumers (key split: dQ needs the other's keys) or this
 //                      one (column split: its own copy); then the stage is released
 //   dQ[:, dq0 .. dq0 + DQN) = dS K   m64n(DQN)k16 over the CTA's keys, dS read M-major,
-//                      K N-major
+//                      K N-major (at Dqk 192 in parts of 32 columns)
 //   dQ -> the shared dQ tile (the scratch's element type and row layout), handed to warp 1.
 // The consumers never wait on global memory, atomics or the deterministic turns.
 // Shared-memory tiles use the 128-byte-swizzled panel layout of config.hpp (hopper.cuh).
@@ -51,8 +52,11 @@ struct BwdTmaParams {
 template <class T, int N>
 __device__ __forceinline__ void accumulate_rs(float (&acc)[N / 8][4], const uint32_t (&a)[4],
                                               uint64_t b) {
-  static_assert(N == 128 || N == 64, "dK and dV columns per warpgroup: m64n128 or m64n64");
-  if constexpr (N == 128) {
+  static_assert(N == 192 || N == 128 || N == 64,
+                "dK and dV columns per warpgroup: m64n192, m64n128 or m64n64");
+  if constexpr (N == 192) {
+    rs_m64n192k16_tb<T>(acc, a, b, 1);
+  } else if constexpr (N == 128) {
     rs_m64n128k16_tb<T>(acc, a, b, 1);
   } else {
     rs_m64n64k16_tb<T>(acc, a, b, 1);
@@ -65,6 +69,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const BwdParams& p = a.p;
   constexpr BwdConfig C = bwd_config(DQK, DV);
   constexpr bool SPLIT = bwd_column_split(DQK, DV);  // the consumers split columns, not keys
+  // S^T, then P^T packed, then dP^T (not both score products in flight): where a consumer's dK and
+  // dV accumulators leave no room for both (key split at Dqk 192: 160 registers).
+  constexpr bool kScoresInTurn = !SPLIT && DQK + DV > 256;
   constexpr int BM = C.block_m, BN = C.block_n;
   constexpr int QSTEPS = BM / 16;  // k16 steps over the step's queries (dV, dK)
   constexpr int NSTEPS = BN / 16;  // k16 steps over the CTA's keys (dQ)
@@ -257,12 +264,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   // ---- Consumers.
   regs_alloc<C.consumer_regs>();
-  // The consumer's index. Where the consumers run the same code (bwd_columns_symmetric), it is
-  // read through a shuffle from lane 0, so that the compiler knows it is warp-uniform: what
-  // derives from it (the warpgroup's keys and columns, so its operand descriptors) stays in
-  // uniform registers, where the wgmmas read their descriptors. (Where each consumer has its own
-  // code, c only picks it, and the shuffle made ptxas spill at Dqk 192 / Dv 128.)
-  const int c = bwd_columns_symmetric(DQK, DV) ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
+  // The consumer's index, read through a shuffle from lane 0, so that the compiler knows it is
+  // warp-uniform: what derives from it (the warpgroup's keys and columns, so its operand
+  // descriptors) stays in uniform registers, where the wgmmas read their descriptors.
+  const int c = __shfl_sync(0xffffffffu, wg - 1, 0);
   const int warp_in_wg = (tid % 128) / 32;
   const uint32_t k_addr = smem_addr(smem + L.k), v_addr = smem_addr(smem + L.v);
   const uint32_t q_addr = smem_addr(smem + L.q), do_addr = smem_addr(smem + L.d_o);
@@ -362,8 +367,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         wgmma_fence();
         issue_scores(DQK / 16, st, desc_k_major(k_base + key0 * kSwizzleBytes),
                      desc_k_major(q_buf));  // group: S^T
-        issue_scores(DV / 16, dpt, desc_k_major(v_base + key0 * kSwizzleBytes),
-                     desc_k_major(do_buf));  // group: dP^T
+        auto issue_dpt = [&]() {
+          issue_scores(DV / 16, dpt, desc_k_major(v_base + key0 * kSwizzleBytes),
+                       desc_k_major(do_buf));  // group: dP^T
+        };
+        if constexpr (!kScoresInTurn) issue_dpt();
 
         // P^T and dS^T, packed into the register A operands of dV and dK (a[kc] holds columns
         // 16kc .. 16kc + 15: fragment pairs 2kc and 2kc + 1). Columns are queries: their statistics
@@ -372,12 +380,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const float* s_lse = reinterpret_cast<const float*>(smem + L.lse + buf * L.stat_stage);
         const float* s_dp = reinterpret_cast<const float*>(smem + L.dpsum + buf * L.stat_stage);
         const bool full = p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv);
+        // Key split at Dqk 192 (kScoresInTurn), under a soft cap: dS^T's factor in place of P^T,
+        // P^T (1 - t^2), packed into this warp's rows of this step's dS^T buffer (16 words per
+        // lane, 2 KiB: its 16 key rows) until dP^T has landed; the dS^T tile overwrites it.
+        [[maybe_unused]] uint32_t* w_slot = reinterpret_cast<uint32_t*>(
+            smem + L.ds + ds_buf * L.ds_stage + (key0 + warp_in_wg * 16) * kSwizzleBytes);
         // Two passes: the first (P^T, or tanh of the scores under a soft cap) runs while dP^T is
         // still in flight; the second forms dS^T once it has landed.
         auto score_tile = [&](auto softcap) {
           constexpr bool kSoftcap = decltype(softcap)::value;
-          wgmma_wait<1>();
-          pin(st);
+          if constexpr (!kScoresInTurn) {  // in turn: S^T waited for before the call
+            wgmma_wait<1>();
+            pin(st);
+          }
           // The queries this thread's two key rows see, made only for a step the mask does not
           // leave whole (`full`, the same for the warpgroup).
           portable::KeyRowMask km[2] = {};
@@ -414,6 +429,41 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           } else {
             probs(std::true_type{});
           }
+          if constexpr (kScoresInTurn) {
+            // P^T packed first, so the scores' registers are free before dP^T is issued; dS^T =
+            // w o (dP^T - dot(dO, O)) once it has landed, w = P^T, or under a soft cap
+            // P^T (1 - t^2), packed in the same format into this warp's rows of this step's dS^T
+            // buffer (16 words per lane, 2 KiB: its 16 key rows), which the dS^T tile overwrites
+            // after.
+#pragma unroll
+            for (int f = 0; f < BM / 8; ++f) {
+              const int qc = f * 8 + 2 * (lane % 4);
+              float2 lse2 = make_float2(0.f, 0.f);
+              if constexpr (kSoftcap) {
+                lse2 = *reinterpret_cast<const float2*>(s_lse + qc);
+                lse2.x *= portable::kLog2e;
+                lse2.y *= portable::kLog2e;
+              }
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                float pr[2], w[2] = {0.f, 0.f};
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  if constexpr (kSoftcap) {
+                    const float t = st[f][2 * half + e];
+                    pr[e] = portable::capped_prob(p, t, e ? lse2.y : lse2.x,
+                                                  full || km[half].sees(m0 + qc + e));
+                    w[e] = pr[e] * (1.f - t * t);
+                  } else {
+                    pr[e] = st[f][2 * half + e];
+                  }
+                }
+                a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
+                if constexpr (kSoftcap) w_slot[(2 * f + half) * 32 + lane] = Mma::pack(w[0], w[1]);
+              }
+            }
+            return;  // dP^T and dS^T below, after the call
+          }
           wgmma_wait<0>();
           pin(dpt);
 #pragma unroll
@@ -447,10 +497,34 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             }
           }
         };
+        if constexpr (kScoresInTurn) {
+          wgmma_wait<0>();
+          pin(st);
+        }
         if (p.softcap > 0.f) {
           score_tile(std::true_type{});
         } else {
           score_tile(std::false_type{});
+        }
+        if constexpr (kScoresInTurn) {
+          wgmma_fence();
+          issue_dpt();
+          wgmma_wait<0>();
+          pin(dpt);
+          const bool capped = p.softcap > 0.f;
+#pragma unroll
+          for (int f = 0; f < BM / 8; ++f) {
+            const int qc = f * 8 + 2 * (lane % 4);
+            const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const float2 w = Mma::unpack(capped ? w_slot[(2 * f + half) * 32 + lane]
+                                                  : a_p[f / 2][2 * (f % 2) + half]);
+              a_ds[f / 2][2 * (f % 2) + half] = Mma::pack(w.x * (dpt[f][2 * half] - dsum.x),
+                                                          w.y * (dpt[f][2 * half + 1] - dsum.y));
+            }
+          }
+          __syncwarp();  // the lanes' w read before the warp's dS^T overwrites it
         }
 
         // dS^T into shared memory as [key][query] (one 128-byte panel per key row), for dQ: before
@@ -510,52 +584,59 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // dQ[:, dq0 .. dq0 + DQN) = dS K: A = dS^T read M-major (queries contiguous), B = K's
       // columns from dq0 read N-major (D = 64: both halves in panel 0, warpgroup 1's starting 64
       // bytes into each row; otherwise whole panels); k16 steps over the CTA's keys. The first
-      // k-step overwrites the accumulators (scale-d 0).
-      float dq[DQN / 8][4];
+      // k-step overwrites the accumulators (scale-d 0). In parts of DQP columns, each written to
+      // the dQ tile before the next is issued, where the consumer's dK and dV accumulators leave
+      // no room for all DQN (key split at Dqk 192: 32 of 96 at a time).
+      constexpr int DQP = kScoresInTurn ? 32 : DQN;
+      static_assert(DQN % DQP == 0 && (DQP == 128 || DQP == 64 || DQP == 32),
+                    "dQ's columns in whole parts of one wgmma N");
       const uint64_t ds_rows = desc_mn_major(ds_base, BN * kSwizzleBytes);
-      const uint64_t k_cols = desc_mn_major(k_base + col_offset(dq0, BN), BN * kSwizzleBytes);
-      wgmma_fence();
 #pragma unroll
-      for (int kc = 0; kc < NSTEPS; ++kc) {
-        const uint64_t da = desc_advance(ds_rows, kc * 16 * kSwizzleBytes);
-        const uint64_t db = desc_advance(k_cols, kc * 16 * kSwizzleBytes);
-        if constexpr (DQN == 128) {
-          ss_m64n128k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
-        } else if constexpr (DQN == 64) {
-          ss_m64n64k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
-        } else {
-          ss_m64n32k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+      for (int part = 0; part < DQN / DQP; ++part) {
+        const int col0 = dq0 + part * DQP;
+        float dq[DQP / 8][4];
+        const uint64_t k_cols = desc_mn_major(k_base + col_offset(col0, BN), BN * kSwizzleBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < NSTEPS; ++kc) {
+          const uint64_t da = desc_advance(ds_rows, kc * 16 * kSwizzleBytes);
+          const uint64_t db = desc_advance(k_cols, kc * 16 * kSwizzleBytes);
+          if constexpr (DQP == 128) {
+            ss_m64n128k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+          } else if constexpr (DQP == 64) {
+            ss_m64n64k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+          } else {
+            ss_m64n32k16_tab<T>(dq, da, db, kc > 0 ? 1 : 0);
+          }
         }
-      }
-      wgmma_commit();
-      if constexpr (kDqBehind) {
-        wgmma_wait<1>();  // dV and dK have landed
-        release_stage();
-      }
-      wgmma_wait<0>();
-      pin(dq);
-      pin(acc_dv);
-      pin(acc_dk);
+        wgmma_commit();
+        if constexpr (kDqBehind) {
+          wgmma_wait<1>();  // dV and dK have landed
+          release_stage();
+        }
+        wgmma_wait<0>();
+        pin(dq);
+        pin(acc_dv);
+        pin(acc_dk);
 
-      // The dQ tile into shared memory in the scratch's element type and tile order (the bulk
-      // reduce's source; DqAccumLayout::Wgmma64: this thread's four elements of each 8-column
-      // panel are one vector, the warpgroup's 128 vectors of a panel contiguous), once warp 1 has
-      // read out the previous one.
-      if (it > 0) mbar_wait(dq_empty, (it - 1) & 1);
-      {
+        // The dQ tile into shared memory in the scratch's element type and tile order (the bulk
+        // reduce's source; DqAccumLayout::Wgmma64: this thread's four elements of each 8-column
+        // panel are one vector, the warpgroup's 128 vectors of a panel contiguous), once warp 1
+        // has read out the previous one.
+        if (part == 0 && it > 0) mbar_wait(dq_empty, (it - 1) & 1);
         const int32_t at0 =
-            DqAccumLayout::fragment_index(warp_in_wg * 16 + lane / 4, dq0 + 2 * (lane % 4));
+            DqAccumLayout::fragment_index(warp_in_wg * 16 + lane / 4, col0 + 2 * (lane % 4));
         if (p.dq_accum.type == AccumType::F32) {
           float* dst = reinterpret_cast<float*>(smem + L.dq) + at0;
 #pragma unroll
-          for (int f = 0; f < DQN / 8; ++f) {
+          for (int f = 0; f < DQP / 8; ++f) {
             *reinterpret_cast<float4*>(dst + f * DqAccumLayout::kPanelElems) =
                 make_float4(dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
           }
         } else {
           T* dst = reinterpret_cast<T*>(smem + L.dq) + at0;
 #pragma unroll
-          for (int f = 0; f < DQN / 8; ++f) {
+          for (int f = 0; f < DQP / 8; ++f) {
             *reinterpret_cast<uint2*>(dst + f * DqAccumLayout::kPanelElems) =
                 make_uint2(Mma::pack(dq[f][0], dq[f][1]), Mma::pack(dq[f][2], dq[f][3]));
           }
@@ -571,15 +652,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // their 128-byte-swizzled panel layout by stmatrix, then copied out 16 bytes per row chunk:
     // whole 32-byte sectors, and a quarter of the store instructions of storing each thread's
     // accumulator pairs directly.
-    // The two consumers meet twice below. Where their column widths differ (D = 192 / 128), each
-    // runs its own instantiation of this code and reaches the barrier from its own instruction.
-    auto consumers_meet = [&]() {
-      if constexpr (bwd_columns_symmetric(DQK, DV)) {
-        named_barrier_sync(1, kConsumerThreads);
-      } else {
-        named_barrier_sync_unaligned(1, kConsumerThreads);
-      }
-    };
+    // The two consumers meet twice below.
+    auto consumers_meet = [&]() { named_barrier_sync(1, kConsumerThreads); };
     consumers_meet();  // both consumers' last products have landed
     auto stage = [&](const auto& acc, int col0, uint32_t base, float mul) {
       constexpr int NF = std::extent<std::remove_reference_t<decltype(acc)>>::value;
@@ -613,19 +687,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     copy_out(static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk),
              p.dv_layout.token_stride, smem + L.v, dv0, DVN);
   };
-  using std::integral_constant;
-  constexpr BwdColumns c0 = bwd_columns(DQK, DV, 0), c1 = bwd_columns(DQK, DV, 1);
-  if constexpr (bwd_columns_symmetric(DQK, DV)) {
-    const BwdColumns mine = bwd_columns(DQK, DV, c);
-    consume(integral_constant<int, c0.dkn>{}, integral_constant<int, c0.dvn>{},
-            integral_constant<int, c0.dqn>{}, mine.dk0, mine.dv0, mine.dq0);
-  } else if (c == 0) {
-    consume(integral_constant<int, c0.dkn>{}, integral_constant<int, c0.dvn>{},
-            integral_constant<int, c0.dqn>{}, c0.dk0, c0.dv0, c0.dq0);
-  } else {
-    consume(integral_constant<int, c1.dkn>{}, integral_constant<int, c1.dvn>{},
-            integral_constant<int, c1.dqn>{}, c1.dk0, c1.dv0, c1.dq0);
-  }
+  // Both consumers have the same widths (bwd_columns_ok): one instantiation of the loop.
+  constexpr BwdColumns widths = bwd_columns(DQK, DV, 0);
+  const BwdColumns mine = bwd_columns(DQK, DV, c);
+  consume(std::integral_constant<int, widths.dkn>{}, std::integral_constant<int, widths.dvn>{},
+          std::integral_constant<int, widths.dqn>{}, mine.dk0, mine.dv0, mine.dq0);
 }
 
 }  // namespace sm90

@@ -138,23 +138,28 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 // warpgroup (warp 0 copies K/V once and the Q/dO/LSE/dot(dO,O) ring, Q and dO by TMA; warp 1 adds
 // each step's dQ tile into the scratch with one bulk reduce from shared memory) and two consumer
 // warpgroups that never wait on global memory or atomics. How the consumers share the work:
-//   - D = 64 and 128 (key split): 128 keys, 64 per consumer (the M of one wgmma); each computes
-//     the scores of its keys, and dS^T goes through shared memory to both for dQ, whose columns
-//     they split. Three Q/dO stages.
-//   - D = 256 and Dqk 192 / Dv 128 (column split): 64 keys, whose dK and dV (64 x 256 fp32 each
-//     at D = 256) do not fit one warpgroup's registers, so the consumers split their columns
-//     (bwd_columns): both compute the full S^T and dP^T of the 64 keys (the same products twice,
-//     40% more matrix work than the minimum at D = 256, against an exchange through shared
-//     memory), then each its columns of dV, dK and dQ, from its own dS^T copy. Stages: one at
-//     D = 256 (K and V 64 KiB, a stage 64 KiB, the fp32 dQ tile 64 KiB and two dS^T copies
-//     16 KiB take 208 KiB of 227), three at 192/128.
+//   - D = 64, 128 and Dqk 192 / Dv 128 (key split): 128 keys, 64 per consumer (the M of one
+//     wgmma); each computes the scores of its keys, and dS^T goes through shared memory to both
+//     for dQ, whose columns they split. Three Q/dO stages up to D = 128. At 192/128 a consumer's
+//     dK and dV take 160 accumulator registers (m64n192 and m64n128), so the consumers run at 240
+//     registers (the producer at 24), compute S^T, P^T and then dP^T in turn (not both score
+//     products in flight: bwd_kernel.cuh's kScoresInTurn) and dQ in parts of 32 columns; with any
+//     of the three undone ptxas serializes the wgmmas (C7512). One stage: K 48 KiB, V 32 KiB, a
+//     stage 40 KiB, two dS^T buffers 32 KiB and the fp32 dQ tile 48 KiB take 200 KiB of 227.
+//     (Until item 86 192/128 took the column split: 1.38x the minimum matrix work.)
+//   - D = 256 (column split): 64 keys, whose dK and dV (64 x 256 fp32 each) do not fit one
+//     warpgroup's registers, so the consumers split their columns (bwd_columns): both compute the
+//     full S^T and dP^T of the 64 keys (the same products twice, 40% more matrix work than the
+//     minimum, against an exchange through shared memory), then each its columns of dV, dK and
+//     dQ, from its own dS^T copy. One stage (K and V 64 KiB, a stage 64 KiB, the fp32 dQ tile
+//     64 KiB and two dS^T copies 16 KiB take 208 KiB of 227).
 RATTN_HD constexpr bool bwd_column_split(int dqk, int dv) {
-  return (dqk == 256 && dv == 256) || (dqk == 192 && dv == 128);
+  return dqk == 256 && dv == 256;
 }
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv) {
-  return !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}
-         : dqk == 256               ? BwdConfig{64, 64, 2, 1, 32, 232}
-                                    : BwdConfig{64, 64, 2, 3, 32, 232};
+  return dqk == 192                   ? BwdConfig{64, 128, 2, 1, 24, 240}
+         : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}
+                                      : BwdConfig{64, 64, 2, 1, 32, 232};
 }
 constexpr BwdConfig kBwd = bwd_config(128, 128);
 constexpr BwdConfig kBwdColumnSplit = bwd_config(256, 256);
@@ -179,27 +184,20 @@ RATTN_HD constexpr bool bwd_supports(int dqk, int dv) {
 RATTN_HD constexpr bool path_supports(int dqk, int dv) {
   return fwd_supports(dqk, dv) || bwd_supports(dqk, dv);
 }
-// Consumer c's columns of dK, dV and dQ: the first and how many (a wgmma N: 32, 64 or 128). Key
-// split: all of dK and dV (its own keys), half of dQ. Column split at 256: halves of each. At
-// 192/128, whole 64-column panels, balanced in total: consumer 0 dK [0, 128), dV [0, 64), dQ
-// [0, 64); consumer 1 dK [128, 192), dV [64, 128), dQ [64, 192).
+// Consumer c's columns of dK, dV and dQ: the first and how many (a wgmma N). Key split: all of
+// dK and dV (its own keys), half of dQ. Column split (D = 256): halves of each.
 struct BwdColumns {
   int dk0, dkn, dv0, dvn, dq0, dqn;
 };
 RATTN_HD constexpr BwdColumns bwd_columns(int dqk, int dv, int c) {
   if (!bwd_column_split(dqk, dv)) return {0, dqk, 0, dv, c * dqk / 2, dqk / 2};
-  if (dqk == 256) return {128 * c, 128, 128 * c, 128, 128 * c, 128};
-  return c == 0 ? BwdColumns{0, 128, 0, 64, 0, 64} : BwdColumns{128, 64, 64, 64, 64, 128};
+  return {128 * c, 128, 128 * c, 128, 128 * c, 128};
 }
-// Both consumers have the same widths (one instantiation of the consumer loop).
-RATTN_HD constexpr bool bwd_columns_symmetric(int dqk, int dv) {
-  return bwd_columns(dqk, dv, 0).dkn == bwd_columns(dqk, dv, 1).dkn &&
-         bwd_columns(dqk, dv, 0).dvn == bwd_columns(dqk, dv, 1).dvn &&
-         bwd_columns(dqk, dv, 0).dqn == bwd_columns(dqk, dv, 1).dqn;
-}
-// The two consumers' columns cover each tensor once, in wgmma widths.
+// The two consumers' columns cover each tensor once, in wgmma widths, and have the same widths
+// (the kernel instantiates one consumer loop).
+// (96: a consumer's dQ columns at Dqk 192, issued in parts of 32.)
 RATTN_HD constexpr bool wgmma_width_ok(int n) {
-  return n == 32 || n == 64 || n == 128;
+  return n == 32 || n == 64 || n == 96 || n == 128 || n == 192;
 }
 RATTN_HD constexpr bool bwd_columns_ok(int dqk, int dv) {
   const BwdColumns a = bwd_columns(dqk, dv, 0), b = bwd_columns(dqk, dv, 1);
@@ -209,7 +207,8 @@ RATTN_HD constexpr bool bwd_columns_ok(int dqk, int dv) {
   const bool dv_ok = split ? (a.dv0 == 0 && b.dv0 == a.dvn && a.dvn + b.dvn == dv)
                            : (a.dv0 == 0 && b.dv0 == 0 && a.dvn == dv && b.dvn == dv);
   const bool dq_ok = a.dq0 == 0 && b.dq0 == a.dqn && a.dqn + b.dqn == dqk;
-  return dk_ok && dv_ok && dq_ok && wgmma_width_ok(a.dqn) && wgmma_width_ok(b.dqn) &&
+  const bool same = a.dkn == b.dkn && a.dvn == b.dvn && a.dqn == b.dqn;
+  return dk_ok && dv_ok && dq_ok && same && wgmma_width_ok(a.dqn) && wgmma_width_ok(b.dqn) &&
          (!split || (wgmma_width_ok(a.dkn) && wgmma_width_ok(b.dkn) && wgmma_width_ok(a.dvn) &&
                      wgmma_width_ok(b.dvn)));
 }

@@ -106,7 +106,6 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
 
 using portable::named_barrier_arrive;  // named barriers: warp_mma.cuh
 using portable::named_barrier_sync;
-using portable::named_barrier_sync_unaligned;
 
 // Warpgroup register reallocation: producers give registers back, consumers take them.
 template <int N>
