@@ -139,8 +139,7 @@ TEST(PlanPath, PortableBackwardStagesDqOnSm90InAtomicFp32ModeWhereItFits) {
           const LaunchShape& bwd = plan.data().bwd;
           const size_t limit = size_t(caps.smem_per_block_optin);
           const bool fits = portable::bwd_smem(dim, dim, bwd.stages, true).bytes <= limit;
-          const bool expected =
-              caps.cc_major == 9 && !det && accum == RATTN_DQ_ACCUM_FP32 && fits;
+          const bool expected = caps.cc_major == 9 && !det && accum == RATTN_DQ_ACCUM_FP32 && fits;
           SCOPED_TRACE(plan.describe());
           EXPECT_EQ(bwd.dq_staged, expected);
           EXPECT_EQ(bwd.stages, portable::bwd_smem(dim, dim, 2).bytes <= limit ? 2 : 1);
@@ -197,8 +196,7 @@ TEST(PlanPath, HopperForwardIsPersistentWhereTheDocumentsAreShort) {
   EXPECT_GE(plan.data().fwd_ws.work_counter.bytes, sizeof(unsigned long long));
   // The persistent kernel's own buffers (two Q tiles, two K/V stages at D = 128).
   EXPECT_EQ(plan.data().fwd.stages, sm90::fwd_config(p.head_dim_qk, p.head_dim_v, true).stages);
-  EXPECT_EQ(plan.data().fwd.smem_bytes,
-            sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).bytes);
+  EXPECT_EQ(plan.data().fwd.smem_bytes, sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).bytes);
   EXPECT_EQ(sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).q_buffers,
             p.head_dim_qk <= 128 ? 2 : 1);
 
@@ -237,12 +235,14 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
   }
 }
 
-TEST(PlanPath, HeadDims256And192TakeBothHopperKernelsWithTheColumnSplitBackward) {
+TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // D = 256 and Dqk 192 / Dv 128: the Hopper forward and the column-split Hopper backward (64
-  // keys per CTA; one Q/dO stage at 256, three at 192/128), whose shared memory fits the device.
+  // D = 256 and Dqk 192 / Dv 128: the Hopper forward and backward, one Q/dO stage each, whose
+  // shared memory fits the device: the column-split backward at 256 (64 keys per CTA), the key
+  // split at 192/128 (128 keys, 64 per consumer).
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
     for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
+      const bool d256 = dims.first == 256;
       Problem p = long_problem(b);
       p.head_dim_qk = dims.first;
       p.head_dim_v = dims.second;
@@ -252,20 +252,23 @@ TEST(PlanPath, HeadDims256And192TakeBothHopperKernelsWithTheColumnSplitBackward)
       EXPECT_EQ(plan.path(), Path::CudaSm90);
       EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
       EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
-      EXPECT_EQ(plan.data().bwd.block_n, 64);
+      EXPECT_EQ(sm90::bwd_column_split(dims.first, dims.second), d256);
+      EXPECT_EQ(plan.data().bwd.block_n, d256 ? 64 : 128);
       EXPECT_EQ(plan.data().bwd.stages, c.stages);
-      EXPECT_EQ(c.stages, dims.first == 256 ? 1 : 3);
+      EXPECT_EQ(c.stages, 1);
       EXPECT_LE(plan.data().bwd.smem_bytes, size_t(fake_hopper_caps().smem_per_block_optin));
-      EXPECT_THAT(plan.describe(), HasSubstr(dims.first == 256 ? "fwd[wgmma 128x64 384thr"
-                                                               : "fwd[wgmma 128x128 384thr"));
-      EXPECT_THAT(plan.describe(), HasSubstr("bwd[wgmma 64x64 384thr"));
+      EXPECT_THAT(plan.describe(),
+                  HasSubstr(d256 ? "fwd[wgmma 128x64 384thr" : "fwd[wgmma 128x128 384thr"));
+      EXPECT_THAT(plan.describe(),
+                  HasSubstr(d256 ? "bwd[wgmma 64x64 384thr" : "bwd[wgmma 64x128 384thr"));
     }
   }
 }
 
 TEST(PlanPath, HopperBackwardColumnsCoverEachTensorOnce) {
   // bwd_columns: per consumer, the columns of dK, dV and dQ it owns. Under the key split both own
-  // all of dK and dV (their own keys); under the column split the two cover each tensor once.
+  // all of dK and dV (their own keys); under the column split (D = 256) the two cover each tensor
+  // once.
   for (const auto& dims : {std::pair<int, int>{64, 64}, std::pair<int, int>{128, 128},
                            std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
     const int dqk = dims.first, dv = dims.second;
@@ -278,14 +281,16 @@ TEST(PlanPath, HopperBackwardColumnsCoverEachTensorOnce) {
       EXPECT_EQ(b.dk0, a.dkn);
       EXPECT_EQ(a.dvn + b.dvn, dv);
       EXPECT_EQ(b.dv0, a.dvn);
-      // The same amount of dK + dV + dQ work per consumer.
-      EXPECT_EQ(a.dkn + a.dvn + a.dqn, b.dkn + b.dvn + b.dqn);
     } else {
       EXPECT_EQ(a.dkn, dqk);
       EXPECT_EQ(b.dkn, dqk);
       EXPECT_EQ(a.dvn, dv);
       EXPECT_EQ(b.dvn, dv);
     }
+    // The same widths per consumer: the kernel instantiates one consumer loop.
+    EXPECT_EQ(a.dkn, b.dkn);
+    EXPECT_EQ(a.dvn, b.dvn);
+    EXPECT_EQ(a.dqn, b.dqn);
   }
 }
 
