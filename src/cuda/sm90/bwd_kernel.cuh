@@ -386,7 +386,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         [[maybe_unused]] uint32_t* w_slot = reinterpret_cast<uint32_t*>(
             smem + L.ds + ds_buf * L.ds_stage + (key0 + warp_in_wg * 16) * kSwizzleBytes);
         // Two passes: the first (P^T, or tanh of the scores under a soft cap) runs while dP^T is
-        // still in flight; the second forms dS^T once it has landed.
+        // still in flight; the second forms dS^T once it has landed. In turn (kScoresInTurn) the
+        // first also packs P^T, and dP^T is issued after it, below.
         auto score_tile = [&](auto softcap) {
           constexpr bool kSoftcap = decltype(softcap)::value;
           if constexpr (!kScoresInTurn) {  // in turn: S^T waited for before the call
