@@ -44,8 +44,8 @@ struct DqAccumLayout {
   int64_t rows = 0;  // rows of one (split, head) plane; PaddedBatch: rows of one segment's slot
   DqTileOrder order = DqTileOrder::Rows;
 
-  static constexpr int kTileRows = 64;                // Wgmma64: rows of a tile
-  static constexpr int kPanelElems = kTileRows * 8;   // Wgmma64: elements of a panel
+  static constexpr int kTileRows = 64;               // Wgmma64: rows of a tile
+  static constexpr int kPanelElems = kTileRows * 8;  // Wgmma64: elements of a panel
 
   RATTN_HD int elem_bytes() const { return type == AccumType::F32 ? 4 : 2; }
 

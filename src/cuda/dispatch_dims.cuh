@@ -11,8 +11,8 @@
 #include "plan/plan_data.hpp"
 
 // One case of a dispatcher body: the launcher `f` for (DQK, DV) at the problem's 16-bit type.
-#define RATTN_DISPATCH_CASE(DQK, DV)                                                 \
-  if (pr.head_dim_qk == DQK && pr.head_dim_v == DV) {                                \
+#define RATTN_DISPATCH_CASE(DQK, DV)                                                      \
+  if (pr.head_dim_qk == DQK && pr.head_dim_v == DV) {                                     \
     return pr.dtype == RATTN_DTYPE_BF16 ? f.template operator()<__nv_bfloat16, DQK, DV>() \
                                         : f.template operator()<__half, DQK, DV>();       \
   }
@@ -22,9 +22,9 @@
 // cudaErrorInvalidValue for any other pair (callers check their supports() first and report it).
 // F is a struct with a templated call operator: nvcc 13.0's front end crashes on generic lambdas
 // with integral_constant parameters used as template arguments.
-#define RATTN_DEFINE_DIMS_DISPATCH(NAME, LIST)                        \
-  template <class F>                                                  \
-  cudaError_t NAME(const ::raggedattn::Problem& pr, const F& f) {     \
-    LIST(RATTN_DISPATCH_CASE)                                         \
-    return cudaErrorInvalidValue;                                     \
+#define RATTN_DEFINE_DIMS_DISPATCH(NAME, LIST)                    \
+  template <class F>                                              \
+  cudaError_t NAME(const ::raggedattn::Problem& pr, const F& f) { \
+    LIST(RATTN_DISPATCH_CASE)                                     \
+    return cudaErrorInvalidValue;                                 \
   }

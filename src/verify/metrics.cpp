@@ -84,8 +84,9 @@ Metrics compare(const double* x, const double* ref, const double* lowp, int64_t 
     // plain implementation's own at the same factor as the relative error: 1 - cos grows as
     // rel^2 / 2, so twice its rel is four times its 1 - cos. Continuous in cos_lowp: the larger
     // of the two allowances.
-    const bool cos_ok = m.cos >= tol.min_cos ||
-                        (lowp && 1.0 - m.cos <= tol.lowp_factor * tol.lowp_factor * (1.0 - m.cos_lowp));
+    const bool cos_ok =
+        m.cos >= tol.min_cos ||
+        (lowp && 1.0 - m.cos <= tol.lowp_factor * tol.lowp_factor * (1.0 - m.cos_lowp));
     m.pass = cos_ok && m.rel <= m.bound;
   }
   return m;

@@ -1,9 +1,9 @@
 // Bad inputs through the C API and the C++ API: each is rejected with a non-zero status and a
 // message naming what was wrong, nothing crashes, and no output is written.
-#include <cmath>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>

@@ -69,8 +69,8 @@ CorrectDq reference_dq() {
   return c;
 }
 
-DqAccumLayout layout_for(const CorrectDq& c, DqSlotScheme s,
-                         DqTileOrder order = DqTileOrder::Rows, int32_t align = 16) {
+DqAccumLayout layout_for(const CorrectDq& c, DqSlotScheme s, DqTileOrder order = DqTileOrder::Rows,
+                         int32_t align = 16) {
   return make_dq_accum_layout(s, AccumType::F32, 1, c.spec.batch(), c.spec.hq, c.spec.dqk,
                               c.layout.total_q, c.layout.max_q, align, order);
 }
@@ -109,8 +109,8 @@ class WrongLayoutPairing : public ::testing::TestWithParam<DqSlotScheme> {};
 
 TEST_P(WrongLayoutPairing, EverySegmentPastTheFirstFails) {
   const CorrectDq c = reference_dq();
-  const HostTensor wrong = through_scratch(c, layout_for(c, DqSlotScheme::PackedTokens),
-                                           layout_for(c, GetParam()));
+  const HostTensor wrong =
+      through_scratch(c, layout_for(c, DqSlotScheme::PackedTokens), layout_for(c, GetParam()));
   const std::vector<Metrics> m = verify::check_tensor(verify::Tensor::Dq, c.layout.segments,
                                                       wrong.view(), c.out.dq.view(), nullptr, {});
   ASSERT_EQ(m.size(), 4u);
@@ -127,8 +127,7 @@ TEST_P(WrongLayoutPairing, EverySegmentPastTheFirstFails) {
 TEST_P(WrongLayoutPairing, TheMatchingPairingPassesEverySegment) {
   // The control: the same data through one layout on both sides is exact for every segment.
   const CorrectDq c = reference_dq();
-  const HostTensor same =
-      through_scratch(c, layout_for(c, GetParam()), layout_for(c, GetParam()));
+  const HostTensor same = through_scratch(c, layout_for(c, GetParam()), layout_for(c, GetParam()));
   for (const Metrics& m : verify::check_tensor(verify::Tensor::Dq, c.layout.segments, same.view(),
                                                c.out.dq.view(), nullptr, {})) {
     EXPECT_TRUE(m.pass);
@@ -154,9 +153,9 @@ TEST(WrongTileOrder, EverySegmentFailsAndTheMatchingOrderIsExact) {
                                 << wrong[b].cos << " rel " << wrong[b].rel;
     EXPECT_GT(wrong[b].rel, 0.1) << "segment " << b;
   }
-  for (const Metrics& m :
-       verify::check_tensor(verify::Tensor::Dq, c.layout.segments,
-                            through_scratch(c, tiles, tiles).view(), c.out.dq.view(), nullptr, {})) {
+  for (const Metrics& m : verify::check_tensor(verify::Tensor::Dq, c.layout.segments,
+                                               through_scratch(c, tiles, tiles).view(),
+                                               c.out.dq.view(), nullptr, {})) {
     EXPECT_TRUE(m.pass);
     EXPECT_EQ(m.max_abs, 0.0);
   }

@@ -46,8 +46,8 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
   a.work_tiles = d.fwd.tiles;
   a.heads = pr.num_heads_q;
   a.work_counter = d.fwd_ws.work_counter.in<unsigned long long>(workspace);
-  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(),
-                                     pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.fwd.block_m));
+  RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(), pr.num_heads_q,
+                                     pr.total_q, pr.head_dim_qk, d.fwd.block_m));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, pr.dtype, t.k, d.k(),
                                      pr.num_heads_kv, pr.total_kv, pr.head_dim_qk, d.fwd.block_n));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "v", &a.v_map, pr.dtype, t.v, d.v(),
@@ -55,8 +55,8 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
   if (d.fwd.item_ctas > 0 && a.work_counter == nullptr) {  // the Plan sizes the workspace for it
     return not_supported("forward",
                          "the persistent Hopper forward takes work items from a counter in the "
-                         "forward's workspace; this plan has ", d.fwd.item_ctas,
-                         " CTAs and no work counter");
+                         "forward's workspace; this plan has ",
+                         d.fwd.item_ctas, " CTAs and no work counter");
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The work counter starts at zero on every call (in a captured graph: a memset node).
