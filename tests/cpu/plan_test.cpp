@@ -253,6 +253,7 @@ TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
       EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
       EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
       EXPECT_EQ(sm90::bwd_column_split(dims.first, dims.second), d256);
+      EXPECT_EQ(sm90::bwd_scores_in_turn(dims.first, dims.second), !d256);
       EXPECT_EQ(plan.data().bwd.block_n, d256 ? 64 : 128);
       EXPECT_EQ(plan.data().bwd.stages, c.stages);
       EXPECT_EQ(c.stages, 1);
@@ -287,6 +288,8 @@ TEST(PlanPath, HopperBackwardColumnsCoverEachTensorOnce) {
       EXPECT_EQ(a.dvn, dv);
       EXPECT_EQ(b.dvn, dv);
     }
+    // Scores in turn only where the key split's accumulators exceed D = 128's (192/128).
+    EXPECT_EQ(sm90::bwd_scores_in_turn(dqk, dv), dqk == 192);
     // The same widths per consumer: the kernel instantiates one consumer loop.
     EXPECT_EQ(a.dkn, b.dkn);
     EXPECT_EQ(a.dvn, b.dvn);

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr bool SPLIT = bwd_column_split(DQK, DV);  // the consumers split columns, not keys
   // S^T, then P^T packed, then dP^T (not both score products in flight): where a consumer's dK and
   // dV accumulators leave no room for both (key split at Dqk 192: 160 registers).
-  constexpr bool kScoresInTurn = !SPLIT && DQK + DV > 256;
+  constexpr bool kScoresInTurn = bwd_scores_in_turn(DQK, DV);
   constexpr int BM = C.block_m, BN = C.block_n;
   constexpr int QSTEPS = BM / 16;  // k16 steps over the step's queries (dV, dK)
   constexpr int NSTEPS = BN / 16;  // k16 steps over the CTA's keys (dQ)

@@ -156,8 +156,13 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 RATTN_HD constexpr bool bwd_column_split(int dqk, int dv) {
   return dqk == 256 && dv == 256;
 }
+// A key split whose dK and dV accumulators take more than D = 128's 128 registers (192/128: 160):
+// scores in turn, dQ in parts, 240 / 24 registers and one stage (above; bwd_kernel.cuh).
+RATTN_HD constexpr bool bwd_scores_in_turn(int dqk, int dv) {
+  return !bwd_column_split(dqk, dv) && dqk + dv > 256;
+}
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv) {
-  return dqk == 192                   ? BwdConfig{64, 128, 2, 1, 24, 240}
+  return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 1, 24, 240}
          : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}
                                       : BwdConfig{64, 64, 2, 1, 32, 232};
 }
@@ -193,11 +198,11 @@ RATTN_HD constexpr BwdColumns bwd_columns(int dqk, int dv, int c) {
   if (!bwd_column_split(dqk, dv)) return {0, dqk, 0, dv, c * dqk / 2, dqk / 2};
   return {128 * c, 128, 128 * c, 128, 128 * c, 128};
 }
-// The two consumers' columns cover each tensor once, in wgmma widths, and have the same widths
-// (the kernel instantiates one consumer loop).
-// (96: a consumer's dQ columns at Dqk 192, issued in parts of 32.)
+// The two consumers' columns cover each tensor once, in wgmma widths (96: a consumer's dQ
+// columns at Dqk 192, issued in parts of 32), and have the same widths (the kernel instantiates
+// one consumer loop).
 RATTN_HD constexpr bool wgmma_width_ok(int n) {
-  return n == 32 || n == 64 || n == 96 || n == 128 || n == 192;
+  return n == 32 || n == 64 || n == 96 || n == 128;
 }
 RATTN_HD constexpr bool bwd_columns_ok(int dqk, int dv) {
   const BwdColumns a = bwd_columns(dqk, dv, 0), b = bwd_columns(dqk, dv, 1);
