@@ -237,9 +237,9 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
 
 TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // D = 256 and Dqk 192 / Dv 128: the Hopper forward and backward, one Q/dO stage each, whose
-  // shared memory fits the device: the column-split backward at 256 (64 keys per CTA), the key
-  // split at 192/128 (128 keys, 64 per consumer).
+  // D = 256 and Dqk 192 / Dv 128: the Hopper forward and backward, whose shared memory fits the
+  // device: the column-split backward at 256 (64 keys per CTA, one Q/dO stage), the key split at
+  // 192/128 (128 keys, 64 per consumer; two Q/dO stages beside one dS^T buffer).
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
     for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
       const bool d256 = dims.first == 256;
@@ -256,7 +256,8 @@ TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
       EXPECT_EQ(sm90::bwd_scores_in_turn(dims.first, dims.second), !d256);
       EXPECT_EQ(plan.data().bwd.block_n, d256 ? 64 : 128);
       EXPECT_EQ(plan.data().bwd.stages, c.stages);
-      EXPECT_EQ(c.stages, 1);
+      EXPECT_EQ(c.stages, d256 ? 1 : 2);
+      EXPECT_EQ(sm90::bwd_smem(dims.first, dims.second).ds_buffers, d256 ? 2 : 1);
       EXPECT_LE(plan.data().bwd.smem_bytes, size_t(fake_hopper_caps().smem_per_block_optin));
       EXPECT_THAT(plan.describe(),
                   HasSubstr(d256 ? "fwd[wgmma 128x64 384thr" : "fwd[wgmma 128x128 384thr"));

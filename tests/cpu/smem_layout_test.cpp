@@ -187,12 +187,17 @@ TEST(Sm90Smem, BackwardRegionsAreDisjointAlignedAndInside) {
         {"V", L.v, L.v + sm90::tile_bytes(c.block_n, d.dv), 1024},
         {"Q stages", L.q, L.q + c.stages * L.q_stage, 1024},
         {"dO stages", L.d_o, L.d_o + c.stages * L.do_stage, 1024},
-        {"dS^T buffers", L.ds, L.ds + 2 * L.ds_stage, 1024},
+        {"dS^T buffers", L.ds, L.ds + L.ds_buffers * L.ds_stage, 1024},
         {"dQ tile (fp32 at most)", L.dq, L.dq + size_t(c.block_m) * d.dqk * 4, 16},
         {"LSE stages", L.lse, L.lse + c.stages * L.stat_stage, 16},
         {"dot stages", L.dpsum, L.dpsum + c.stages * L.stat_stage, 16},
         {"mbarriers", L.bars, L.bars + sm90::bwd_barriers(c.stages) * 8, 8}};
     for (size_t stage : {L.q_stage, L.do_stage, L.ds_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
+    // The column split's dS^T copy per consumer; the key split's one or two (alternating steps).
+    EXPECT_EQ(L.ds_buffers, sm90::bwd_column_split(d.dqk, d.dv)     ? c.consumers
+                            : sm90::bwd_scores_in_turn(d.dqk, d.dv) ? 1
+                                                                    : 2)
+        << what;
     expect_disjoint_inside(r, L.bytes - sm90::kSmemAlign, what);
     EXPECT_LE(L.bytes, size_t(227) * 1024) << what;
   }

@@ -16,7 +16,7 @@
 //                      CTA's 64 under the column split, where both warpgroups compute them)
 //   P^T, dS^T          on the registers (P^T while dP^T is in flight; at Dqk 192 S^T, P^T and
 //                      then dP^T in turn: kScoresInTurn)
-//   dS^T -> shared memory ([key][query], 128-byte swizzled, two buffers)
+//   dS^T -> shared memory ([key][query], 128-byte swizzled, config.hpp's bwd_ds_buffers)
 //   dV  += P^T dO      4 x m64n(DVN)k16, P^T from registers, dO N-major in shared memory
 //   dK  += dS^T Q      4 x m64n(DKN)k16, dS^T from registers, Q N-major; both in flight across
 //                      a barrier: both consumers (key split: dQ needs the other's keys) or this
@@ -286,6 +286,38 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   auto col_offset = [](int col, int rows) {
     return uint32_t((col / PANEL) * rows * kSwizzleBytes + (col % PANEL) * 2);
   };
+  // One dS^T buffer for both consumers (key split at Dqk 192, bwd_ds_buffers): a consumer writes
+  // into it at step it >= 1 (its dS^T rows, an idle step's zeros, the soft cap's factor) only once
+  // the other consumer's dQ of step it - 1, which reads all the buffer's rows, has landed. Each
+  // arrives on the other's barrier (2 + the other's index; 3 - its own) after its dQ of every step
+  // but its last, and waits on its own before its first write of every step but its first: the
+  // arrivals and waits pair, and an arrival can run at most one step ahead of its wait (the
+  // arriving consumer's next arrival comes after the step's dS^T barrier, which the waiting one
+  // reaches only after its wait). With two buffers, alternating steps, the dS^T barrier orders it.
+  constexpr bool kOneDsBuffer = !SPLIT && L.ds_buffers == 1;
+  static_assert(SPLIT || L.ds_buffers == 1 || L.ds_buffers == 2, "key split: one or two dS^T");
+  auto wait_ds_free = [&](int it) {
+    if constexpr (kOneDsBuffer) {
+      if (it > 0) {  // constant ids: a computed one makes ptxas reserve all 16
+        if (c == 0) {
+          named_barrier_sync(2, kConsumerThreads);
+        } else {
+          named_barrier_sync(3, kConsumerThreads);
+        }
+      }
+    }
+  };
+  auto release_ds = [&](int it) {
+    if constexpr (kOneDsBuffer) {
+      if (it + 1 < n_it) {
+        if (c == 0) {
+          named_barrier_arrive(3, kConsumerThreads);
+        } else {
+          named_barrier_arrive(2, kConsumerThreads);
+        }
+      }
+    }
+  };
 
   // The consumer's loop and epilogue for its columns (config.hpp's bwd_columns): DKN, DVN and DQN
   // columns of dK, dV and dQ (the accumulators' widths, compile-time), from dk0, dv0 and dq0.
@@ -321,9 +353,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       const int buf = it % STAGES;
       mbar_wait(&full[buf], (it / STAGES) & 1);
       const int m0 = (m_first + qt) * BM;  // qt = it % m_count
-      // dS^T buffer: key split, alternating steps (both warpgroups read both halves); column split,
-      // this warpgroup's own copy.
-      const int ds_buf = SPLIT ? c : (it & 1);
+      // dS^T buffer: key split, alternating steps where there are two (both warpgroups read both
+      // halves); column split, this warpgroup's own copy.
+      const int ds_buf = SPLIT ? c : L.ds_buffers == 2 ? (it & 1) : 0;
       // Shared-memory bases, opaque to the compiler here: otherwise it hoists the loop-invariant
       // operand descriptors (16 for K and V, 8 for dQ's K, 64 bits each) out of the loop and keeps
       // them in registers that the accumulators need.
@@ -339,6 +371,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // columns computed. [seen_lo, seen_hi): the rows that see any of its keys (below).
       const bool idle = !SPLIT && (min(m0 + BM, seg.len_q) <= seen_lo || m0 >= seen_hi);
       if (idle) {
+        wait_ds_free(it);
         const uint32_t zero[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
         for (int kc = 0; kc < QSTEPS; ++kc) {
@@ -502,6 +535,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           wgmma_wait<0>();
           pin(st);
         }
+        wait_ds_free(it);  // before the soft cap's factor or dS^T goes into a single buffer
         if (p.softcap > 0.f) {
           score_tile(std::true_type{});
         } else {
@@ -619,6 +653,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         pin(dq);
         pin(acc_dv);
         pin(acc_dk);
+        if (part + 1 == DQN / DQP) release_ds(it);  // this step's dS^T is read
 
         // The dQ tile into shared memory in the scratch's element type and tile order (the bulk
         // reduce's source; DqAccumLayout::Wgmma64: this thread's four elements of each 8-column

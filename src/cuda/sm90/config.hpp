@@ -144,9 +144,10 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 //     dK and dV take 160 accumulator registers (m64n192 and m64n128), so the consumers run at 240
 //     registers (the producer at 24), compute S^T, P^T and then dP^T in turn (not both score
 //     products in flight: bwd_kernel.cuh's kScoresInTurn) and dQ in parts of 32 columns; with any
-//     of the three undone ptxas serializes the wgmmas (C7512). One stage: K 48 KiB, V 32 KiB, a
-//     stage 40 KiB, two dS^T buffers 32 KiB and the fp32 dQ tile 48 KiB take 200 KiB of 227.
-//     (Until item 86 192/128 took the column split: 1.38x the minimum matrix work.)
+//     of the three undone ptxas serializes the wgmmas (C7512). Two stages and one dS^T buffer
+//     (bwd_ds_buffers): K 48 KiB, V 32 KiB, two stages of 40 KiB, the dS^T buffer 16 KiB and the
+//     fp32 dQ tile 48 KiB take 225 KiB of 227. (Until item 86 192/128 took the column split:
+//     1.38x the minimum matrix work; until item 88 it had one stage and two dS^T buffers.)
 //   - D = 256 (column split): 64 keys, whose dK and dV (64 x 256 fp32 each) do not fit one
 //     warpgroup's registers, so the consumers split their columns (bwd_columns): both compute the
 //     full S^T and dP^T of the 64 keys (the same products twice, 40% more matrix work than the
@@ -162,7 +163,7 @@ RATTN_HD constexpr bool bwd_scores_in_turn(int dqk, int dv) {
   return !bwd_column_split(dqk, dv) && dqk + dv > 256;
 }
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv) {
-  return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 1, 24, 240}
+  return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 2, 24, 240}
          : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}
                                       : BwdConfig{64, 64, 2, 1, 32, 232};
 }
@@ -277,14 +278,23 @@ static_assert(fwd_smem(64, 64, true).bytes <= 227 * 1024 &&
                   fwd_smem(256, 256, true).bytes <= 227 * 1024,
               "the persistent forward's buffers fit an H100/H200 CTA's shared memory");
 
-// Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; dS^T
-// ([key][query], the A operand of dQ = dS K read M-major) in two buffers: under the key split
-// alternating steps, handing the score gradient from the warpgroup that computed it (its 64 keys)
-// to both; under the column split one per consumer (each computed all of it); the dQ tile in the
-// scratch's own element type and row-major layout (the source of the bulk reduce); the mbarriers.
+// The backward's dS^T buffers ([key][query], the A operand of dQ = dS K read M-major). Column
+// split: one per consumer (each computed all of it). Key split: each consumer writes its 64 key
+// rows and both read all 128 for dQ, so a step's dS^T may be written only once the other
+// consumer's dQ has read the previous one: with two buffers, alternating steps, the step's dS^T
+// barrier orders that; with one (the in-turn shape at Dqk 192, whose room goes to a second Q/dO
+// stage), each consumer waits for the other's arrival after its dQ before it writes
+// (bwd_kernel.cuh's wait_ds_free).
+RATTN_HD constexpr int bwd_ds_buffers(int dqk, int dv) {
+  return bwd_scores_in_turn(dqk, dv) ? 1 : 2;
+}
+// Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; the dS^T
+// buffers (bwd_ds_buffers); the dQ tile in the scratch's own element type and row-major layout
+// (the source of the bulk reduce); the mbarriers.
 struct BwdSmem {
   size_t k, v, q, d_o, ds, dq, lse, dpsum, bars;  // byte offsets from the 1024-aligned base
   size_t q_stage, do_stage, ds_stage, stat_stage;
+  int ds_buffers;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
 // mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty, and
@@ -299,12 +309,13 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
   s.do_stage = tile_bytes(c.block_m, dv);
   s.ds_stage = tile_bytes(c.block_n, c.block_m);
   s.stat_stage = size_t(c.block_m) * 4;
+  s.ds_buffers = bwd_ds_buffers(dqk, dv);
   s.k = 0;
   s.v = s.k + tile_bytes(c.block_n, dqk);
   s.q = s.v + tile_bytes(c.block_n, dv);
   s.d_o = s.q + c.stages * s.q_stage;
   s.ds = s.d_o + c.stages * s.do_stage;
-  s.dq = s.ds + 2 * s.ds_stage;
+  s.dq = s.ds + s.ds_buffers * s.ds_stage;
   s.lse = s.dq + size_t(c.block_m) * dqk * 4;  // fp32 at most
   s.dpsum = s.lse + c.stages * s.stat_stage;
   s.bars = s.dpsum + c.stages * s.stat_stage;
