@@ -178,11 +178,14 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
   d->path = Path::CudaSm90;
   // Forward tiles are query tiles (block_m rows), backward tiles key tiles (block_n rows).
   if (wgmma_forward && sm90::fwd_supports(p.head_dim_qk, p.head_dim_v)) {
-    // The persistent kernel (one CTA per SM over all (query tile, head) items) for short
-    // documents, the grid kernel (one CTA per item) for long ones; each has its own buffers.
+    // The persistent kernel (one CTA per SM over all (query tile, head) items) where the items
+    // are short, the grid kernel (one CTA per item) where they are long (sm90::fwd_persistent);
+    // each has its own buffers.
     const int64_t tiles = RaggedTiles::bound(p.total_q, p.batch,
                                              sm90::fwd_config(p.head_dim_qk, p.head_dim_v).block_m);
-    const int64_t ctas = sm90::fwd_ctas(d->caps.num_sms, tiles * p.num_heads_q, p.max_seqlen_q);
+    const int64_t ctas = sm90::fwd_ctas(d->caps.num_sms, tiles * p.num_heads_q,
+                                        sm90::fwd_persistent(p.head_dim_qk, p.head_dim_v, d->mask,
+                                                             p.max_seqlen_q, p.max_seqlen_kv));
     const bool persistent = ctas > 0;
     const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v, persistent);
     d->fwd = LaunchShape{KernelFamily::Wgmma,

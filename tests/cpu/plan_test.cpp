@@ -63,8 +63,8 @@ DeviceCaps fake_ampere_caps() {
 Problem long_problem(rattn_backend backend) {
   Problem p = small_problem(backend);
   p.batch = 2;
-  p.total_q = p.total_kv = 6000;
-  p.max_seqlen_q = p.max_seqlen_kv = 4096;
+  p.total_q = p.total_kv = 20000;
+  p.max_seqlen_q = p.max_seqlen_kv = 16384;
   return p;
 }
 
@@ -86,14 +86,15 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       continue;
     }
     ASSERT_TRUE(s.ok()) << s.message();
-    // D = 128, segments of 4096 on an sm_90 device: the Hopper path where built (its forward),
-    // else the portable.
+    // D = 128, segments of up to 16384 on an sm_90 device: the Hopper path where built (its
+    // forward), else the portable.
     if (kBuiltWithSm90) {
       EXPECT_EQ(plan.path(), Path::CudaSm90);
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
       EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
       EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
-      // Documents of 4096 tokens: the Hopper forward's grid kernel, no forward workspace.
+      // A causal document of 16384 tokens: the Hopper forward's grid kernel, no forward
+      // workspace.
       EXPECT_EQ(plan.data().fwd.item_ctas, 0);
       EXPECT_EQ(plan.data().bwd.item_ctas, 0);
       EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
@@ -176,15 +177,43 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
   EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
 }
 
-TEST(PlanPath, HopperForwardIsPersistentWhereTheDocumentsAreShort) {
+TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // Up to sm90::kPersistentMaxSeqlenQ tokens in the longest document: the persistent kernel, one
-  // CTA per SM over all work items (never more CTAs than items), with its counter in the forward's
-  // workspace; above it, the grid kernel. The Plan says which.
+  // sm90::fwd_persistent: at D = 128 the persistent kernel where the longest document's query
+  // tiles see at most kPersistentMaxMeanKeyTiles key tiles on average under the mask
+  // (fwd_mean_key_tiles); at the other head dims where it has at most kPersistentMaxSeqlenQ
+  // tokens. The persistent kernel runs one CTA per SM over all work items (never more CTAs than
+  // items), with its counter in the forward's workspace; the grid kernel otherwise. The Plan says
+  // which.
+  const MaskSpec causal{-1, 0, 0}, none{-1, -1, 0}, window{255, 0, 0}, bottom_right{-1, 0, 1};
+  // Counted by hand: a causal document of 48 tiles sees (1 + 2 + ... + 48) / 48 on average, one
+  // without a mask all 24 of 24; under a window of 256 keys back, tiles 0 and 1 see 1 and 2 key
+  // tiles and every later one 3; 100 queries at the end of 6000 keys (bottom-right) see all 47.
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 6144, 6144, 128, 128), 24.5);
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(none, 3072, 3072, 128, 128), 24.0);
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(window, 32768, 32768, 128, 128), 765.0 / 256);
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(bottom_right, 100, 6000, 128, 128), 47.0);
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 100, 100, 128, 128), 1.0);
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 0, 0, 128, 128), 0.0);
+  EXPECT_TRUE(sm90::fwd_persistent(128, 128, causal, 6144, 6144));
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal, 6401, 6401));  // 51 tiles: 26 on average
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal, 16384, 16384));
+  EXPECT_TRUE(sm90::fwd_persistent(128, 128, none, 3200, 3200));
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, none, 3201, 3201));
+  EXPECT_TRUE(sm90::fwd_persistent(128, 128, window, 32768, 32768));
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, bottom_right, 100, 6000));
+  for (const auto& dims : {std::pair<int, int>{64, 64}, std::pair<int, int>{192, 128},
+                           std::pair<int, int>{256, 256}}) {
+    const int at = sm90::kPersistentMaxSeqlenQ;
+    EXPECT_TRUE(sm90::fwd_persistent(dims.first, dims.second, causal, at, at));
+    EXPECT_FALSE(sm90::fwd_persistent(dims.first, dims.second, causal, at + 1, at + 1));
+    EXPECT_FALSE(sm90::fwd_persistent(dims.first, dims.second, window, 32768, 32768));
+  }
+
   const int sms = fake_hopper_caps().num_sms;
   Problem p = long_problem(RATTN_BACKEND_CUDA_SM90);
-  p.batch = 8;  // 6000 tokens in documents of at most 1024
-  p.max_seqlen_q = p.max_seqlen_kv = sm90::kPersistentMaxSeqlenQ;
+  p.batch = 8;  // 20000 tokens in causal documents of at most 6144
+  p.max_seqlen_q = p.max_seqlen_kv = 6144;
   Plan plan;
   ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
   const int64_t items = plan.data().fwd.tiles * p.num_heads_q;
@@ -200,12 +229,20 @@ TEST(PlanPath, HopperForwardIsPersistentWhereTheDocumentsAreShort) {
   EXPECT_EQ(sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).q_buffers,
             p.head_dim_qk <= 128 ? 2 : 1);
 
-  p.max_seqlen_q = p.max_seqlen_kv = sm90::kPersistentMaxSeqlenQ + 1;
+  p.max_seqlen_q = p.max_seqlen_kv = 6401;
   ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
   EXPECT_EQ(plan.data().fwd.item_ctas, 0);
   EXPECT_EQ(plan.data().fwd.smem_bytes, sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes);
   EXPECT_THAT(plan.describe(), ::testing::Not(HasSubstr("CTAs over")));
   EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
+  // The same documents under a window of 256 keys back: short items again.
+  p.mask = RATTN_MASK_NONE;
+  p.window_left = 255;
+  p.window_right = 0;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+  EXPECT_EQ(plan.data().fwd.item_ctas, sms);
+  p.mask = RATTN_MASK_CAUSAL;
+  p.window_left = p.window_right = -1;
 
   // Fewer items than SMs: one CTA each, none idle.
   Problem tiny = p;

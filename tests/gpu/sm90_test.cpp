@@ -5,6 +5,7 @@
 // there is no sm_90 device or the build lacks the Hopper kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <regex>
 #include <string>
@@ -53,14 +54,15 @@ INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
                            return info.param.label;
                          });
 
-// The Hopper forward's two kernels (sm90::fwd_ctas): the persistent one, one CTA per SM over all
-// work items, where the longest document has at most kPersistentMaxSeqlenQ tokens; the grid one,
-// one CTA per item, above it. Each must match the reference, and the Plan must have chosen it (the
-// persistent kernel's description says "N CTAs over M items", the grid kernel's says nothing).
+// The Hopper forward's two kernels (sm90::fwd_persistent): the persistent one, one CTA per SM over
+// all work items, where the longest document's items are short; the grid one, one CTA per item,
+// where they are long (at D = 128 under a causal mask: up to 6144 tokens, 24.5 key tiles per
+// query tile on average, and from 6401, 26). Each must match the reference, and the Plan must
+// have chosen it (the persistent kernel's description says "N CTAs over M items", the grid
+// kernel's says nothing).
 TEST(HopperForward, BothKernelsMatchTheReference) {
   RATTN_REQUIRE_SM90();
   const int sms = query_device().num_sms;
-  const int at_limit = sm90::kPersistentMaxSeqlenQ;
   struct Schedule {
     const char* name;
     std::vector<int32_t> lens;
@@ -68,10 +70,15 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
     bool persistent;
   };
   const Schedule schedules[] = {
-      {"persistent", {at_limit, 300, 1, 77}, 16, 4, true},
-      {"grid", {at_limit + 77, 200, 33}, 8, 2, false},
-      {"grid_mqa", {33, at_limit + 1}, 4, 1, false},
+      {"persistent", {6144, 300, 1, 77}, 3, 1, true},
+      {"grid", {6401, 200, 33}, 1, 1, false},
+      {"grid_mqa", {33, 6401}, 2, 1, false},
   };
+  const MaskSpec causal{-1, 0, 0};
+  for (const Schedule& sc : schedules) {
+    const int longest = *std::max_element(sc.lens.begin(), sc.lens.end());
+    ASSERT_EQ(sm90::fwd_persistent(128, 128, causal, longest, longest), sc.persistent) << sc.name;
+  }
   for (const Schedule& sc : schedules) {
     SCOPED_TRACE(sc.name);
     CaseSpec c;

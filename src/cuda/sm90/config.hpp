@@ -15,6 +15,7 @@
 #include <cstddef>
 
 #include "core/defs.hpp"
+#include "core/mask.hpp"
 
 namespace raggedattn {
 namespace sm90 {
@@ -106,14 +107,46 @@ constexpr int kAutoMinSeqlenKv = 96;
 // The Hopper forward's schedule (LaunchShape::item_ctas): 0 for the grid kernel (one CTA per
 // query tile x head, the hardware's block dispatch), or the CTA count of the persistent kernel
 // (one CTA per SM over work_items items, the first from its CTA index, the rest from a counter).
-// Persistent where the longest document has at most kPersistentMaxSeqlenQ tokens: the set-up is
-// then paid once per SM and the next item's loads overlap the current one's epilogue. Measured on
-// the H200 (docs/PERFORMANCE.md items 24 and 27): persistence +7-20% on documents of 128-512
-// tokens and +13-16% on docs_short_32k; on long documents the persistent kernel, and the same
-// kernel with one CTA per item, lost 2-7%, hence the grid kernel there.
+// The persistent kernel pays its set-up once per SM and overlaps the next item's loads with the
+// current one's last product and epilogue, a gain per item that shrinks as items grow; the grid
+// kernel has three K/V stages at D = 128 and half of Q in registers (fwd_config,
+// fwd_q_reg_ksteps). fwd_persistent decides from the key tiles the longest document's query tiles
+// see on average (fwd_mean_key_tiles, under the problem's mask).
+//   D = 128: persistent up to kPersistentMaxMeanKeyTiles. Measured on the H200
+//     (docs/PERFORMANCE.md item 89, 2026-12-02; Hq 32 / Hkv 8, 32k-token packs of equal causal
+//     documents, forward TFLOP/s, persistent against grid, two rounds): 1536 tokens (6.5 key
+//     tiles on average) +7.2%, 2048 (8.5) +5.2%, 3072 (12.5) +2.3%, 4096 (16.5) +3.6%, 6144
+//     (24.5) +0.8%; one round: docs_mixed_32k (longest 7198: 29) +0.2%, one document of 16384
+//     (64.5) -0.9%. (Items 24 and 27 had measured the grid kernel ahead above 1024 tokens,
+//     before items 47-59 made the persistent kernel's items cheaper.)
+//   Other head dims: where the longest document has at most kPersistentMaxSeqlenQ tokens, the
+//     rule of items 24 and 27 (measured at D = 128 then; not re-measured at these dims).
+constexpr double kPersistentMaxMeanKeyTiles = 25;
 constexpr int kPersistentMaxSeqlenQ = 1024;
-inline int64_t fwd_ctas(int num_sms, int64_t work_items, int64_t max_seqlen_q) {
-  if (max_seqlen_q > kPersistentMaxSeqlenQ || work_items <= 0) return 0;
+// The mean over the query tiles (bm rows) of one document of len_q queries and len_kv keys of the
+// key tiles (bn keys) each sees under `mask`: the forward's work items' length in key tiles.
+inline double fwd_mean_key_tiles(const MaskSpec& mask, int len_q, int len_kv, int bm, int bn) {
+  const int tiles_q = (len_q + bm - 1) / bm;
+  if (tiles_q == 0) return 0.0;
+  int64_t seen = 0;
+  for (int t = 0; t < tiles_q; ++t) {
+    const int r0 = t * bm, r1 = (r0 + bm < len_q ? r0 + bm : len_q) - 1;
+    const int lo = mask.key_begin(r0, len_q, len_kv), hi = mask.key_end(r1, len_q, len_kv);
+    if (hi > lo) seen += (hi - 1) / bn - lo / bn + 1;
+  }
+  return double(seen) / tiles_q;
+}
+inline bool fwd_persistent(int dqk, int dv, const MaskSpec& mask, int64_t max_seqlen_q,
+                           int64_t max_seqlen_kv) {
+  if (dqk == 128 && dv == 128) {
+    const FwdConfig c = fwd_config(dqk, dv, true);
+    return fwd_mean_key_tiles(mask, int(max_seqlen_q), int(max_seqlen_kv), c.block_m, c.block_n) <=
+           kPersistentMaxMeanKeyTiles;
+  }
+  return max_seqlen_q <= kPersistentMaxSeqlenQ;
+}
+inline int64_t fwd_ctas(int num_sms, int64_t work_items, bool persistent) {
+  if (!persistent || work_items <= 0) return 0;
   return num_sms < work_items ? int64_t(num_sms) : work_items;
 }
 
