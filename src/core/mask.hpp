@@ -15,6 +15,13 @@ namespace raggedattn {
 struct TileSpan {
   int first = 0, count = 0;
 };
+// The tiles of `size` rows (or keys) that hold any of [begin, end): none where begin >= end.
+RATTN_HD TileSpan tiles_of(int begin, int end, int size) {
+  TileSpan t;
+  t.first = begin / size;
+  t.count = begin < end ? (end - 1) / size - t.first + 1 : 0;
+  return t;
+}
 
 struct MaskSpec {
   int32_t left = -1;   // -1: unbounded
@@ -53,10 +60,12 @@ struct MaskSpec {
   // that hold a row seeing any of those keys (count 0 where none does).
   RATTN_HD TileSpan query_tiles(int n0, int keys, int bm, int len_q, int len_kv) const {
     const RowSpan q = query_rows(n0, keys, len_q, len_kv);
-    TileSpan t;
-    t.first = q.begin / bm;
-    t.count = q.begin < q.end ? (q.end - 1) / bm - t.first + 1 : 0;
-    return t;
+    return tiles_of(q.begin, q.end, bm);
+  }
+  // The forward's key tiles for query rows [m0, m0 + rows), rows >= 1: the key tiles of `bn` keys
+  // that hold a key any of those rows sees (count 0 where none does).
+  RATTN_HD TileSpan key_tiles(int m0, int rows, int bn, int len_q, int len_kv) const {
+    return tiles_of(key_begin(m0, len_q, len_kv), key_end(m0 + rows - 1, len_q, len_kv), bn);
   }
   // The backward's deterministic order on the query tile of `bm` rows from row m0: the key tiles
   // of `bn` keys whose query_tiles hold it are key_begin(m0) / bn, + 1, ... (one run, no gap), and

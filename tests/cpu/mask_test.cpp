@@ -56,6 +56,11 @@ MaskSpec random_mask(std::mt19937& rng, const int (&lefts)[L], const int (&right
   return m;
 }
 
+// The segment lengths and window reaches the random traversal tests draw from.
+constexpr int kLengths[] = {0, 1, 2, 15, 17, 63, 64, 65, 127, 128, 129, 200, 255, 300};
+constexpr int kLefts[] = {-1, 0, 1, 7, 40, 64, 129, 500};
+constexpr int kRights[] = {-1, 0, 1, 8, 50, 130};
+
 std::string describe(const MaskSpec& m, int len_q, int len_kv, int bm, int bn) {
   std::ostringstream s;
   s << "mask (left " << m.left << ", right " << m.right << ", bottom_right " << m.bottom_right
@@ -67,13 +72,10 @@ TEST(MaskTraversal, EveryVisiblePairIsSteppedAndTurnsRunWithoutGaps) {
   const std::set<std::pair<int, int>> tiles = backward_tiles();
   ASSERT_FALSE(tiles.empty());
   std::mt19937 rng(20261130);
-  const int lengths[] = {0, 1, 2, 15, 17, 63, 64, 65, 127, 128, 129, 200, 255, 300};
-  const int lefts[] = {-1, 0, 1, 7, 40, 64, 129, 500};
-  const int rights[] = {-1, 0, 1, 8, 50, 130};
   int checked = 0;
   for (int trial = 0; trial < 600; ++trial) {
-    const MaskSpec m = random_mask(rng, lefts, rights);
-    const int len_q = pick(rng, lengths), len_kv = pick(rng, lengths);
+    const MaskSpec m = random_mask(rng, kLefts, kRights);
+    const int len_q = pick(rng, kLengths), len_kv = pick(rng, kLengths);
     for (const auto& [bm, bn] : tiles) {
       const std::string what = describe(m, len_q, len_kv, bm, bn);
       const int q_tiles = (len_q + bm - 1) / bm, k_tiles = (len_kv + bn - 1) / bn;
@@ -110,6 +112,45 @@ TEST(MaskTraversal, EveryVisiblePairIsSteppedAndTurnsRunWithoutGaps) {
     }
   }
   EXPECT_GT(checked, 1000);  // the loops ran over real tiles, not only empty segments
+}
+
+// The forward's side (MaskSpec::key_tiles, what the Plan's sm90::fwd_mean_key_tiles counts): the
+// key tiles of a query tile cover every key its rows see, and its first and last hold one.
+TEST(MaskTraversal, KeyTilesOfAQueryTileHoldEveryKeyItSees) {
+  std::mt19937 rng(20261202);
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const MaskSpec m = random_mask(rng, kLefts, kRights);
+    const int len_q = pick(rng, kLengths), len_kv = pick(rng, kLengths);
+    for (const int bm : {64, 128}) {
+      for (const int bn : {64, 128}) {
+        const std::string what = describe(m, len_q, len_kv, bm, bn);
+        for (int m0 = 0; m0 < len_q; m0 += bm) {
+          const int rows = std::min(bm, len_q - m0);
+          const TileSpan t = m.key_tiles(m0, rows, bn, len_q, len_kv);
+          ASSERT_GE(t.count, 0) << what;
+          std::vector<char> seen(size_t((len_kv + bn - 1) / bn), 0);
+          for (int i = m0; i < m0 + rows; ++i) {
+            for (int j = 0; j < len_kv; ++j) {
+              if (m.visible(i, j, len_q, len_kv)) seen[size_t(j / bn)] = 1;
+            }
+          }
+          for (int k = 0; k < int(seen.size()); ++k) {
+            if (seen[size_t(k)]) {
+              ASSERT_TRUE(k >= t.first && k < t.first + t.count)
+                  << what << ": query rows from " << m0 << " see key tile " << k;
+            }
+          }
+          if (t.count > 0) {
+            EXPECT_TRUE(seen[size_t(t.first)] && seen[size_t(t.first + t.count - 1)])
+                << what << ": query rows from " << m0;
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
 }
 
 // One causal case by hand, so that the general checks above rest on known values: 200 tokens,

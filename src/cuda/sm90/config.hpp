@@ -130,9 +130,8 @@ inline double fwd_mean_key_tiles(const MaskSpec& mask, int len_q, int len_kv, in
   if (tiles_q == 0) return 0.0;
   int64_t seen = 0;
   for (int t = 0; t < tiles_q; ++t) {
-    const int r0 = t * bm, r1 = (r0 + bm < len_q ? r0 + bm : len_q) - 1;
-    const int lo = mask.key_begin(r0, len_q, len_kv), hi = mask.key_end(r1, len_q, len_kv);
-    if (hi > lo) seen += (hi - 1) / bn - lo / bn + 1;
+    const int m0 = t * bm, rows = m0 + bm < len_q ? bm : len_q - m0;
+    seen += mask.key_tiles(m0, rows, bn, len_q, len_kv).count;
   }
   return double(seen) / tiles_q;
 }
