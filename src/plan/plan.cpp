@@ -198,14 +198,19 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
     d->fwd.item_ctas = ctas;
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
-    const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk, p.head_dim_v);
+    // Each step's dQ through a shared-memory tile (bulk reduce-adds by warp 1) or from the
+    // consumers' registers, with the stages that leaves (sm90::bwd_dq_from_registers).
+    const bool dq_regs =
+        sm90::bwd_dq_from_registers(p.head_dim_qk, p.head_dim_v, p.deterministic != 0);
+    const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk, p.head_dim_v, dq_regs);
     d->bwd = LaunchShape{KernelFamily::Wgmma,
                          c.block_m,
                          c.block_n,
                          sm90::kBwdThreads,
                          c.stages,
-                         sm90::bwd_smem(p.head_dim_qk, p.head_dim_v).bytes,
+                         sm90::bwd_smem(p.head_dim_qk, p.head_dim_v, dq_regs).bytes,
                          RaggedTiles::bound(p.total_kv, p.batch, c.block_n)};
+    d->bwd.dq_staged = !dq_regs;
   }
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {

@@ -63,8 +63,10 @@ struct LaunchShape {
   // otherwise have) from a counter, its first from its CTA index, on a grid of (item_ctas, 1);
   // 0: the grid kernel (sm90::fwd_ctas decides for the Hopper forward).
   int64_t item_ctas = 0;
-  // The portable backward: each step's dQ tile goes through shared memory into the scratch by
-  // bulk reduce-adds (sm_90, fp32 scratch, atomic mode) rather than by atomics from registers.
+  // The backward: each step's dQ tile goes through shared memory into the scratch by bulk
+  // reduce-adds rather than by atomics (portable) or vector reductions (Hopper) from registers.
+  // Portable: sm_90, fp32 scratch, atomic mode. Hopper: sm90::bwd_dq_from_registers's answer,
+  // negated; the Hopper kernel it selects has the shared memory and stages of this shape.
   bool dq_staged = false;
 };
 

@@ -33,7 +33,8 @@ std::set<std::pair<int, int>> backward_tiles() {
   RATTN_PORTABLE_HEAD_DIMS(RATTN_ADD_PORTABLE)
 #undef RATTN_ADD_PORTABLE
 #define RATTN_ADD_SM90(DQK, DV) \
-  tiles.insert({sm90::bwd_config(DQK, DV).block_m, sm90::bwd_config(DQK, DV).block_n});
+  tiles.insert(                 \
+      {sm90::bwd_config(DQK, DV, false).block_m, sm90::bwd_config(DQK, DV, false).block_n});
   RATTN_SM90_BWD_HEAD_DIMS(RATTN_ADD_SM90)
 #undef RATTN_ADD_SM90
   return tiles;

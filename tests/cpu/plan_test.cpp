@@ -275,31 +275,43 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
 TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
   // D = 256 and Dqk 192 / Dv 128: the Hopper forward and backward, whose shared memory fits the
-  // device: the column-split backward at 256 (64 keys per CTA, one Q/dO stage), the key split at
-  // 192/128 (128 keys, 64 per consumer; two Q/dO stages beside one dS^T buffer).
+  // device: the column-split backward at 256 (64 keys per CTA; dQ from registers and two Q/dO
+  // stages, or in deterministic mode dQ through the shared-memory tile and one stage), the key
+  // split at 192/128 (128 keys, 64 per consumer; two Q/dO stages beside one dS^T buffer, dQ
+  // through the tile in both modes).
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
     for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
-      const bool d256 = dims.first == 256;
-      Problem p = long_problem(b);
-      p.head_dim_qk = dims.first;
-      p.head_dim_v = dims.second;
-      Plan plan;
-      ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
-      const sm90::BwdConfig c = sm90::bwd_config(dims.first, dims.second);
-      EXPECT_EQ(plan.path(), Path::CudaSm90);
-      EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
-      EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
-      EXPECT_EQ(sm90::bwd_column_split(dims.first, dims.second), d256);
-      EXPECT_EQ(sm90::bwd_scores_in_turn(dims.first, dims.second), !d256);
-      EXPECT_EQ(plan.data().bwd.block_n, d256 ? 64 : 128);
-      EXPECT_EQ(plan.data().bwd.stages, c.stages);
-      EXPECT_EQ(c.stages, d256 ? 1 : 2);
-      EXPECT_EQ(sm90::bwd_smem(dims.first, dims.second).ds_buffers, d256 ? 2 : 1);
-      EXPECT_LE(plan.data().bwd.smem_bytes, size_t(fake_hopper_caps().smem_per_block_optin));
-      EXPECT_THAT(plan.describe(),
-                  HasSubstr(d256 ? "fwd[wgmma 128x64 384thr" : "fwd[wgmma 128x128 384thr"));
-      EXPECT_THAT(plan.describe(),
-                  HasSubstr(d256 ? "bwd[wgmma 64x64 384thr" : "bwd[wgmma 64x128 384thr"));
+      for (int deterministic : {0, 1}) {
+        const bool d256 = dims.first == 256;
+        Problem p = long_problem(b);
+        p.head_dim_qk = dims.first;
+        p.head_dim_v = dims.second;
+        p.deterministic = deterministic;
+        Plan plan;
+        ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+        const bool dq_regs = d256 && !deterministic;
+        EXPECT_EQ(sm90::bwd_dq_from_registers(dims.first, dims.second, deterministic != 0),
+                  dq_regs);
+        const sm90::BwdConfig c = sm90::bwd_config(dims.first, dims.second, dq_regs);
+        EXPECT_EQ(plan.path(), Path::CudaSm90);
+        EXPECT_EQ(plan.data().fwd.family, KernelFamily::Wgmma);
+        EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
+        EXPECT_EQ(sm90::bwd_column_split(dims.first, dims.second), d256);
+        EXPECT_EQ(sm90::bwd_scores_in_turn(dims.first, dims.second), !d256);
+        EXPECT_EQ(plan.data().bwd.block_n, d256 ? 64 : 128);
+        EXPECT_EQ(plan.data().bwd.dq_staged, !dq_regs);
+        EXPECT_EQ(plan.data().bwd.stages, c.stages);
+        EXPECT_EQ(c.stages, d256 && deterministic ? 1 : 2);
+        EXPECT_EQ(plan.data().bwd.smem_bytes,
+                  sm90::bwd_smem(dims.first, dims.second, dq_regs).bytes);
+        EXPECT_EQ(sm90::bwd_smem(dims.first, dims.second, dq_regs).ds_buffers, d256 ? 2 : 1);
+        EXPECT_LE(plan.data().bwd.smem_bytes, size_t(fake_hopper_caps().smem_per_block_optin));
+        EXPECT_THAT(plan.describe(),
+                    HasSubstr(d256 ? "fwd[wgmma 128x64 384thr" : "fwd[wgmma 128x128 384thr"));
+        EXPECT_THAT(plan.describe(),
+                    HasSubstr(d256 ? "bwd[wgmma 64x64 384thr" : "bwd[wgmma 64x128 384thr"));
+        EXPECT_EQ(plan.describe().find("dQ staged") != std::string::npos, !dq_regs);
+      }
     }
   }
 }

@@ -179,27 +179,35 @@ TEST(Sm90Smem, ForwardRegionsAreDisjointAlignedAndInside) {
 TEST(Sm90Smem, BackwardRegionsAreDisjointAlignedAndInside) {
   for (const Dims& d : kSm90Dims) {
     ASSERT_TRUE(sm90::bwd_supports(d.dqk, d.dv));
-    const sm90::BwdConfig c = sm90::bwd_config(d.dqk, d.dv);
-    const sm90::BwdSmem L = sm90::bwd_smem(d.dqk, d.dv);
-    const std::string what = "sm90 bwd D=" + std::to_string(d.dqk) + "/" + std::to_string(d.dv);
-    std::vector<Region> r = {
-        {"K", L.k, L.k + sm90::tile_bytes(c.block_n, d.dqk), 1024},
-        {"V", L.v, L.v + sm90::tile_bytes(c.block_n, d.dv), 1024},
-        {"Q stages", L.q, L.q + c.stages * L.q_stage, 1024},
-        {"dO stages", L.d_o, L.d_o + c.stages * L.do_stage, 1024},
-        {"dS^T buffers", L.ds, L.ds + L.ds_buffers * L.ds_stage, 1024},
-        {"dQ tile (fp32 at most)", L.dq, L.dq + size_t(c.block_m) * d.dqk * 4, 16},
-        {"LSE stages", L.lse, L.lse + c.stages * L.stat_stage, 16},
-        {"dot stages", L.dpsum, L.dpsum + c.stages * L.stat_stage, 16},
-        {"mbarriers", L.bars, L.bars + sm90::bwd_barriers(c.stages) * 8, 8}};
-    for (size_t stage : {L.q_stage, L.do_stage, L.ds_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
-    // The column split's dS^T copy per consumer; the key split's one or two (alternating steps).
-    EXPECT_EQ(L.ds_buffers, sm90::bwd_column_split(d.dqk, d.dv)     ? c.consumers
-                            : sm90::bwd_scores_in_turn(d.dqk, d.dv) ? 1
-                                                                    : 2)
-        << what;
-    expect_disjoint_inside(r, L.bytes - sm90::kSmemAlign, what);
-    EXPECT_LE(L.bytes, size_t(227) * 1024) << what;
+    const bool split = sm90::bwd_column_split(d.dqk, d.dv);
+    // Both of the column split's kernels (dQ through the tile, dQ from registers), the key
+    // split's one.
+    for (bool dq_regs : split ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      const sm90::BwdConfig c = sm90::bwd_config(d.dqk, d.dv, dq_regs);
+      const sm90::BwdSmem L = sm90::bwd_smem(d.dqk, d.dv, dq_regs);
+      const std::string what = "sm90 bwd D=" + std::to_string(d.dqk) + "/" + std::to_string(d.dv) +
+                               (dq_regs ? " dQ from registers" : "");
+      // The dQ tile holds the step's 64 x Dqk fp32 accumulators (the larger scratch type), or is
+      // absent where they go from registers.
+      EXPECT_EQ(L.dq_tile, dq_regs ? 0u : size_t(c.block_m) * d.dqk * 4) << what;
+      std::vector<Region> r = {{"K", L.k, L.k + sm90::tile_bytes(c.block_n, d.dqk), 1024},
+                               {"V", L.v, L.v + sm90::tile_bytes(c.block_n, d.dv), 1024},
+                               {"Q stages", L.q, L.q + c.stages * L.q_stage, 1024},
+                               {"dO stages", L.d_o, L.d_o + c.stages * L.do_stage, 1024},
+                               {"dS^T buffers", L.ds, L.ds + L.ds_buffers * L.ds_stage, 1024},
+                               {"LSE stages", L.lse, L.lse + c.stages * L.stat_stage, 16},
+                               {"dot stages", L.dpsum, L.dpsum + c.stages * L.stat_stage, 16},
+                               {"mbarriers", L.bars, L.bars + sm90::bwd_barriers(c.stages) * 8, 8}};
+      if (L.dq_tile > 0) r.push_back({"dQ tile", L.dq, L.dq + L.dq_tile, 16});
+      for (size_t stage : {L.q_stage, L.do_stage, L.ds_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
+      // The column split's dS^T copy per consumer; the key split's one or two (alternating steps).
+      EXPECT_EQ(L.ds_buffers, split                                   ? c.consumers
+                              : sm90::bwd_scores_in_turn(d.dqk, d.dv) ? 1
+                                                                      : 2)
+          << what;
+      expect_disjoint_inside(r, L.bytes - sm90::kSmemAlign, what);
+      EXPECT_LE(L.bytes, size_t(227) * 1024) << what;
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // The Hopper path (wgmma forward and backward) against the CPU reference, per segment and per
-// tensor: the named configurations it takes (head dims 64/64, 128/128, 256/256 and 192/128, the
-// last two with the column-split backward), bf16 and fp16, both dQ
-// modes, the deterministic mode, and random ragged problems drawn fresh every run. Skipped where
+// tensor: the named configurations it takes (head dims 64/64, 128/128, 256/256 and 192/128),
+// bf16 and fp16, both dQ modes, the deterministic mode, both forward kernels, both of the D = 256
+// backward's ways to add dQ, and random ragged problems drawn fresh every run. Skipped where
 // there is no sm_90 device or the build lacks the Hopper kernels.
 #include <gtest/gtest.h>
 
@@ -105,6 +105,108 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
   }
 }
 
+// The column split's (D = 256) two backward kernels (sm90::bwd_dq_from_registers): outside
+// deterministic mode each step's dQ goes from the consumers' registers into the scratch by vector
+// reductions, two Q/dO stages; in deterministic mode through the shared-memory tile and warp 1's
+// turns, one stage. Both dQ scratch types each, every segment against the reference, and the
+// Plan must have chosen the kernel ("dQ staged" in its description for the tile). Segments
+// include 1, 0 and lengths that are not multiples of 16, more query tiles than one segment's key
+// tiles, MQA and GQA, and keys that are not the queries (bottom-right alignment).
+TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
+  RATTN_REQUIRE_SM90();
+  struct Shape {
+    const char* name;
+    std::vector<int32_t> lens_q, lens_kv;
+    int32_t hq, hkv;
+    rattn_mask mask;
+    rattn_alignment align;
+    int32_t left, right;
+    float softcap;
+    rattn_dtype dtype;
+  };
+  const Shape shapes[] = {
+      {"causal_mqa",
+       {700, 1, 0, 129, 77},
+       {},
+       4,
+       1,
+       RATTN_MASK_CAUSAL,
+       RATTN_ALIGN_TOP_LEFT,
+       -1,
+       -1,
+       0.f,
+       RATTN_DTYPE_BF16},
+      {"full_gqa_softcap",
+       {300, 65, 17},
+       {},
+       4,
+       2,
+       RATTN_MASK_NONE,
+       RATTN_ALIGN_TOP_LEFT,
+       -1,
+       -1,
+       2.f,
+       RATTN_DTYPE_BF16},
+      {"window_fp16",
+       {530, 200},
+       {},
+       2,
+       1,
+       RATTN_MASK_NONE,
+       RATTN_ALIGN_TOP_LEFT,
+       90,
+       20,
+       0.f,
+       RATTN_DTYPE_FP16},
+      {"cross_bottom_right",
+       {250, 1, 40},
+       {400, 9, 0},
+       4,
+       1,
+       RATTN_MASK_CAUSAL,
+       RATTN_ALIGN_BOTTOM_RIGHT,
+       -1,
+       -1,
+       0.f,
+       RATTN_DTYPE_BF16},
+  };
+  for (const Shape& sh : shapes) {
+    for (bool deterministic : {false, true}) {
+      for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
+        const bool regs = sm90::bwd_dq_from_registers(256, 256, deterministic);
+        ASSERT_EQ(regs, !deterministic);
+        CaseSpec c;
+        c.name = std::string(sh.name) + (deterministic ? "_deterministic" : "") +
+                 (accum == RATTN_DQ_ACCUM_FP32 ? "_dq_fp32" : "_dq_16bit");
+        SCOPED_TRACE(c.name);
+        c.seqlens_q = sh.lens_q;
+        c.seqlens_kv = sh.lens_kv;
+        c.hq = sh.hq;
+        c.hkv = sh.hkv;
+        c.dqk = c.dv = 256;
+        c.dtype = sh.dtype;
+        c.mask = sh.mask;
+        c.alignment = sh.align;
+        c.window_left = sh.left;
+        c.window_right = sh.right;
+        c.softcap = sh.softcap;
+        c.dq_accum = accum;
+        c.deterministic = deterministic;
+        c.backend = RATTN_BACKEND_CUDA_SM90;
+        verify::RunOptions opt;
+        opt.seed = gpu_test::run_seed();
+        const verify::CaseReport r = verify::run_case(c, opt);
+        EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << gpu_test::table(r);
+        if (deterministic) {
+          EXPECT_EQ(r.nondeterministic, 0) << "bytes differing between two runs";
+        }
+        EXPECT_NE(r.path.find("bwd[wgmma 64x64"), std::string::npos) << r.path;
+        EXPECT_EQ(r.path.find("dQ staged") == std::string::npos, regs) << r.path;
+      }
+    }
+  }
+}
+
 // Random ragged problems at the Hopper kernels' head dims: every mask, window, softcap, GQA/MQA,
 // padded THD, zero-length and length-1 segments, lengths that are not multiples of 16.
 TEST(HopperRandom, FreshRaggedProblems) {
@@ -123,8 +225,8 @@ TEST(HopperRandom, FreshRaggedProblems) {
     lim.dtype = (i % 4 == 3) ? RATTN_DTYPE_FP16 : RATTN_DTYPE_BF16;
     lim.backend = RATTN_BACKEND_CUDA_SM90;
     CaseSpec spec = verify::random_case(base + uint64_t(i), lim);
-    // Head dims: 128 in three cases of five, 64 in one, and in the fifth 256/256 or 192/128
-    // (both with the column-split Hopper backward) in turn.
+    // Head dims: 128 in three cases of five, 64 in one, and in the fifth 256/256 (the column-split
+    // backward) or 192/128 (the key split with scores in turn) in turn.
     spec.dqk = spec.dv = (i % 5 == 4) ? 64 : 128;
     if (i % 5 == 2) {
       spec.dqk = (i / 5) % 2 ? 192 : 256;

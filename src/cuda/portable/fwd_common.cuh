@@ -26,14 +26,12 @@ __device__ __forceinline__ QueryTileWork query_tile_work(const FwdParams& p, con
   return w;
 }
 
-// The key tiles of BN keys that a query tile's rows see, [first, first + count), for a tile that
-// sees any (w.key_lo < w.key_hi): the one count a kernel's K/V producer and its consumers share.
+// The key tiles of BN keys that a query tile's rows see, [first, first + count) (count 0 where
+// w.key_lo >= w.key_hi): the one count a kernel's K/V producer and its consumers share, by the
+// span rule of MaskSpec::key_tiles (core/mask.hpp's tiles_of).
 template <int BN>
 __device__ __forceinline__ TileSpan key_tiles(const QueryTileWork& w) {
-  TileSpan t;
-  t.first = w.key_lo / BN;
-  t.count = (w.key_hi - 1) / BN - t.first + 1;
-  return t;
+  return tiles_of(w.key_lo, w.key_hi, BN);
 }
 
 // A query tile no row of which sees a key (w.key_lo >= w.key_hi): O = 0 and LSE = -inf for its rows

@@ -4,7 +4,9 @@
 //     and the Q/dO/LSE/dot(dO,O) stages (Q and dO by TMA inside a segment) into a ring handed over
 //     with mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
-//     tile's turn first); warps 2-3 exit.
+//     tile's turn first), except in the kernel that adds dQ from the consumers' registers
+//     (DQ_REGS: the column split outside deterministic mode, config.hpp's
+//     bwd_dq_from_registers); warps 2-3 exit.
 //   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
 //     bwd_config and bwd_columns say: at D = 64, 128 and 192/128 (key split) each owns 64 of the
 //     CTA's 128 keys and all their columns; at D = 256 (column split) both work on the CTA's 64
@@ -23,7 +25,8 @@
 //                      one (column split: its own copy); then the stage is released
 //   dQ[:, dq0 .. dq0 + DQN) = dS K   m64n(DQN)k16 over the CTA's keys, dS read M-major,
 //                      K N-major (at Dqk 192 in parts of 32 columns)
-//   dQ -> the shared dQ tile (the scratch's element type and row layout), handed to warp 1.
+//   dQ -> the shared dQ tile (the scratch's element type and tile order), handed to warp 1, or
+//                      (DQ_REGS) straight into the scratch by vector reductions.
 // The consumers never wait on global memory, atomics or the deterministic turns.
 // Shared-memory tiles use the 128-byte-swizzled panel layout of config.hpp (hopper.cuh).
 #pragma once
@@ -63,12 +66,28 @@ __device__ __forceinline__ void accumulate_rs(float (&acc)[N / 8][4], const uint
   }
 }
 
-template <class T, int DQK, int DV>
+// P^T's element of a score and dS^T's factor w at it, dS^T = w (dP^T - dot(dO, O)): w = P^T, or
+// under a soft cap P^T (1 - t^2), t the capped score (tanh's value, which the score's register
+// holds by then; lse2: its query's LSE, log2-scaled; seen: the mask shows the key to the query).
+template <bool kSoftcap>
+__device__ __forceinline__ float2 prob_factor(const BwdParams& p, float t, float lse2, bool seen) {
+  if constexpr (kSoftcap) {
+    const float pr = portable::capped_prob(p, t, lse2, seen);
+    return make_float2(pr, pr * (1.f - t * t));
+  } else {
+    return make_float2(t, t);
+  }
+}
+
+// DQ_REGS: each step's dQ goes from the consumers' registers into the scratch by vector
+// reductions, not through the shared-memory tile and warp 1 (config.hpp's bwd_dq_from_registers).
+template <class T, int DQK, int DV, bool DQ_REGS>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_kernel(const __grid_constant__ BwdTmaParams a) {
   const BwdParams& p = a.p;
-  constexpr BwdConfig C = bwd_config(DQK, DV);
+  constexpr BwdConfig C = bwd_config(DQK, DV, DQ_REGS);
   constexpr bool SPLIT = bwd_column_split(DQK, DV);  // the consumers split columns, not keys
+  static_assert(!DQ_REGS || SPLIT, "dQ from registers: the column split's kernel only");
   // S^T, then P^T packed, then dP^T (not both score products in flight): where a consumer's dK and
   // dV accumulators leave no room for both (key split at Dqk 192: 160 registers).
   constexpr bool kScoresInTurn = bwd_scores_in_turn(DQK, DV);
@@ -76,7 +95,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr int QSTEPS = BM / 16;  // k16 steps over the step's queries (dV, dK)
   constexpr int NSTEPS = BN / 16;  // k16 steps over the CTA's keys (dQ)
   constexpr int PANEL = 64;        // 16-bit elements per 128-byte panel row
-  constexpr BwdSmem L = bwd_smem(DQK, DV);
+  constexpr BwdSmem L = bwd_smem(DQK, DV, DQ_REGS);
   constexpr int STAGES = C.stages;
   static_assert(bwd_supports(DQK, DV), "the head dims of bwd_columns");
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
@@ -220,7 +239,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         if (it == 0) mbar_arrive(kv_full);
         mbar_arrive(&full[s]);
       }
-    } else if (warp == 1 && lane == 0) {
+    } else if (!DQ_REGS && warp == 1 && lane == 0) {
       // ---- dQ: each step's tile, rows [m0, m0 + BM) of head h, into the scratch.
       for (int it = 0; it < n_it; ++it) {
         const int h = hk * p.group + it / m_count;
@@ -348,8 +367,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         seen_hi = seen.end;
       }
     }
+    // DQ_REGS: the scratch's slot of the group's first query head in this segment; a step's tile
+    // is qh heads and m0 rows on (DqAccumLayout::offset is affine in both).
+    [[maybe_unused]] const int64_t dq_slot0 =
+        DQ_REGS ? p.dq_accum.offset(0, b, seg.cu_q, hk * p.group, 0) : 0;
     if (n_it > 0) mbar_wait(kv_full, 0);
-    for (int it = 0, qt = 0; it < n_it; ++it, qt = qt + 1 == m_count ? 0 : qt + 1) {
+    for (int it = 0, qt = 0, qh = 0; it < n_it;
+         ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == 0) {
       const int buf = it % STAGES;
       mbar_wait(&full[buf], (it / STAGES) & 1);
       const int m0 = (m_first + qt) * BM;  // qt = it % m_count
@@ -480,17 +504,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
               }
 #pragma unroll
               for (int half = 0; half < 2; ++half) {
-                float pr[2], w[2] = {0.f, 0.f};
+                float pr[2], w[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                  if constexpr (kSoftcap) {
-                    const float t = st[f][2 * half + e];
-                    pr[e] = portable::capped_prob(p, t, e ? lse2.y : lse2.x,
-                                                  full || km[half].sees(m0 + qc + e));
-                    w[e] = pr[e] * (1.f - t * t);
-                  } else {
-                    pr[e] = st[f][2 * half + e];
-                  }
+                  const float2 x =
+                      prob_factor<kSoftcap>(p, st[f][2 * half + e], e ? lse2.y : lse2.x,
+                                            full || km[half].sees(m0 + qc + e));
+                  pr[e] = x.x;
+                  w[e] = x.y;
                 }
                 a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
                 if constexpr (kSoftcap) w_slot[(2 * f + half) * 32 + lane] = Mma::pack(w[0], w[1]);
@@ -516,15 +537,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const float dp = dpt[f][2 * half + e] - (e ? dsum.y : dsum.x);
-                if constexpr (kSoftcap) {
-                  const float t = st[f][2 * half + e];
-                  pr[e] = portable::capped_prob(p, t, e ? lse2.y : lse2.x,
-                                                full || km[half].sees(m0 + qc + e));
-                  ds[e] = pr[e] * dp * (1.f - t * t);
-                } else {
-                  pr[e] = st[f][2 * half + e];
-                  ds[e] = pr[e] * dp;
-                }
+                const float2 x = prob_factor<kSoftcap>(p, st[f][2 * half + e], e ? lse2.y : lse2.x,
+                                                       full || km[half].sees(m0 + qc + e));
+                pr[e] = x.x;
+                ds[e] = x.y * dp;
               }
               a_p[f / 2][2 * (f % 2) + half] = Mma::pack(pr[0], pr[1]);
               a_ds[f / 2][2 * (f % 2) + half] = Mma::pack(ds[0], ds[1]);
@@ -655,31 +671,50 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         pin(acc_dk);
         if (part + 1 == DQN / DQP) release_ds(it);  // this step's dS^T is read
 
-        // The dQ tile into shared memory in the scratch's element type and tile order (the bulk
-        // reduce's source; DqAccumLayout::Wgmma64: this thread's four elements of each 8-column
-        // panel are one vector, the warpgroup's 128 vectors of a panel contiguous), once warp 1
-        // has read out the previous one.
-        if (part == 0 && it > 0) mbar_wait(dq_empty, (it - 1) & 1);
+        // The dQ tile in the scratch's element type and tile order (DqAccumLayout::Wgmma64: this
+        // thread's four elements of each 8-column panel are one vector, the warpgroup's 128
+        // vectors of a panel contiguous): DQ_REGS, added into the scratch from here, one vector
+        // reduction per panel; otherwise into shared memory (the bulk reduce's source), once
+        // warp 1 has read out the previous one.
         const int32_t at0 =
             DqAccumLayout::fragment_index(warp_in_wg * 16 + lane / 4, col0 + 2 * (lane % 4));
+        if (!DQ_REGS && part == 0 && it > 0) mbar_wait(dq_empty, (it - 1) & 1);
+        // The tile's vector at0 of panel 0: in the scratch (DQ_REGS) or in shared memory.
+        [[maybe_unused]] const int64_t at =
+            DQ_REGS ? dq_slot0 + qh * p.dq_accum.head_stride() + int64_t(m0) * p.dq_accum.dim + at0
+                    : 0;
         if (p.dq_accum.type == AccumType::F32) {
-          float* dst = reinterpret_cast<float*>(smem + L.dq) + at0;
+          float* dst = DQ_REGS ? static_cast<float*>(p.dq_accum_ptr) + at
+                               : reinterpret_cast<float*>(smem + L.dq) + at0;
 #pragma unroll
           for (int f = 0; f < DQP / 8; ++f) {
-            *reinterpret_cast<float4*>(dst + f * DqAccumLayout::kPanelElems) =
-                make_float4(dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
+            float* v = dst + f * DqAccumLayout::kPanelElems;
+            if constexpr (DQ_REGS) {
+              red_add(v, dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
+            } else {
+              *reinterpret_cast<float4*>(v) = make_float4(dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
+            }
           }
         } else {
-          T* dst = reinterpret_cast<T*>(smem + L.dq) + at0;
+          // The 16-bit scratch is in the input's own format (the Plan's AccumType).
+          T* dst = DQ_REGS ? static_cast<T*>(p.dq_accum_ptr) + at
+                           : reinterpret_cast<T*>(smem + L.dq) + at0;
 #pragma unroll
           for (int f = 0; f < DQP / 8; ++f) {
-            *reinterpret_cast<uint2*>(dst + f * DqAccumLayout::kPanelElems) =
-                make_uint2(Mma::pack(dq[f][0], dq[f][1]), Mma::pack(dq[f][2], dq[f][3]));
+            T* v = dst + f * DqAccumLayout::kPanelElems;
+            const uint32_t lo = Mma::pack(dq[f][0], dq[f][1]), hi = Mma::pack(dq[f][2], dq[f][3]);
+            if constexpr (DQ_REGS) {
+              red_add(v, lo, hi);
+            } else {
+              *reinterpret_cast<uint2*>(v) = make_uint2(lo, hi);
+            }
           }
         }
       }
-      fence_proxy_async_smem();  // visible to the bulk reduce (async proxy)
-      mbar_arrive(dq_full);
+      if constexpr (!DQ_REGS) {
+        fence_proxy_async_smem();  // visible to the bulk reduce (async proxy)
+        mbar_arrive(dq_full);
+      }
     }
 
     // Epilogue: dK (times the softmax scale) and dV of this warpgroup's keys and columns, staged

@@ -19,21 +19,29 @@ namespace {
 
 // One backward main launch at head dims DQK / DV, after the key tiles' order where the Plan asks
 // for one (schedule.cuh; its tiles are the kernel's, from bwd_config). The instantiations: bf16
-// and fp16 at each pair of RATTN_SM90_BWD_HEAD_DIMS.
+// and fp16 at each pair of RATTN_SM90_BWD_HEAD_DIMS with dQ through the shared-memory tile, and
+// where the column split takes dQ from registers (sm90::bwd_dq_from_registers) that kernel too:
+// the Plan's LaunchShape::dq_staged picks.
 struct BwdLauncher {
   const sm90::BwdTmaParams& a;
   const PlanData& d;
   cudaStream_t s;
   template <class T, int DQK, int DV>
   cudaError_t operator()() const {
-    constexpr sm90::BwdConfig c = sm90::bwd_config(DQK, DV);
+    constexpr sm90::BwdConfig c = sm90::bwd_config(DQK, DV, false);
     if (a.p.schedule != nullptr) {
       sm90::bwd_lpt_schedule<c.block_m, c.block_n><<<1, sm90::kScheduleThreads, 0, s>>>(
           a.p, const_cast<TileCoord*>(a.p.schedule), int(d.bwd.tiles));
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
     }
-    return launch_kernel(sm90::bwd_kernel<T, DQK, DV>, d.bwd, d.problem.num_heads_kv, a, s);
+    if constexpr (sm90::bwd_column_split(DQK, DV)) {
+      if (!d.bwd.dq_staged) {
+        return launch_kernel(sm90::bwd_kernel<T, DQK, DV, true>, d.bwd, d.problem.num_heads_kv, a,
+                             s);
+      }
+    }
+    return launch_kernel(sm90::bwd_kernel<T, DQK, DV, false>, d.bwd, d.problem.num_heads_kv, a, s);
   }
 };
 RATTN_DEFINE_DIMS_DISPATCH(dispatch, RATTN_SM90_BWD_HEAD_DIMS)
@@ -51,13 +59,19 @@ cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* 
 
 Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
   const Problem& pr = d.problem;
-  // The Plan never sends other shapes here; the kernel's tile is the Plan's (config.hpp).
-  const sm90::BwdConfig c = sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v);
+  // The Plan never sends other shapes here; the kernel's tile, stages and shared memory are the
+  // Plan's (config.hpp), for the way its dQ goes (LaunchShape::dq_staged).
+  const bool dq_regs = !d.bwd.dq_staged;
+  const sm90::BwdConfig c = sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v, dq_regs);
   if (!sm90::bwd_supports(pr.head_dim_qk, pr.head_dim_v) || d.bwd.block_m != c.block_m ||
-      d.bwd.block_n != c.block_n) {
+      d.bwd.block_n != c.block_n || d.bwd.stages != c.stages ||
+      (dq_regs && !sm90::bwd_column_split(pr.head_dim_qk, pr.head_dim_v)) ||
+      d.bwd.smem_bytes != sm90::bwd_smem(pr.head_dim_qk, pr.head_dim_v, dq_regs).bytes) {
     return not_supported(
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
-        ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n);
+        ", head_dim_v=", pr.head_dim_v, " with tiles ", d.bwd.block_m, "x", d.bwd.block_n, ", ",
+        d.bwd.stages, " stages, ", d.bwd.smem_bytes, " bytes of shared memory and dQ ",
+        dq_regs ? "from registers" : "through shared memory");
   }
   // The kernel stages each dQ tile in its accumulators' order and adds it into the scratch as
   // one block, so the scratch must be in that order with whole 64-row tiles (the Plan's).

@@ -184,8 +184,9 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 //     warpgroup's registers, so the consumers split their columns (bwd_columns): both compute the
 //     full S^T and dP^T of the 64 keys (the same products twice, 40% more matrix work than the
 //     minimum, against an exchange through shared memory), then each its columns of dV, dK and
-//     dQ, from its own dS^T copy. One stage (K and V 64 KiB, a stage 64 KiB, the fp32 dQ tile
-//     64 KiB and two dS^T copies 16 KiB take 208 KiB of 227).
+//     dQ, from its own dS^T copy. Two stages where dQ goes from registers (below; K and V 64 KiB,
+//     two stages of 64 KiB and two dS^T copies 16 KiB take 208 KiB of 227), one where the dQ
+//     tile (64 KiB in fp32) takes the second's room.
 RATTN_HD constexpr bool bwd_column_split(int dqk, int dv) {
   return dqk == 256 && dv == 256;
 }
@@ -194,21 +195,39 @@ RATTN_HD constexpr bool bwd_column_split(int dqk, int dv) {
 RATTN_HD constexpr bool bwd_scores_in_turn(int dqk, int dv) {
   return !bwd_column_split(dqk, dv) && dqk + dv > 256;
 }
-RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv) {
+// How a step's dQ reaches the scratch (the backward kernel's template parameter DQ_REGS; the Plan
+// and the launch ask this, and bwd_config and bwd_smem take its answer):
+//   through a tile (false): the consumers store dQ into a shared-memory tile in the scratch's
+//     element type and tile order, and producer warp 1 adds the tile with one bulk reduce-add,
+//     in deterministic mode once the tile's turn has come (the turns wait on other CTAs, which
+//     the consumers never do);
+//   from registers (true): each consumer thread adds its accumulator fragments itself with vector
+//     reductions (red.global.add.v4.f32, .v2.bf16x2 / .v2.f16x2 for a 16-bit scratch), and the
+//     tile's shared memory goes to a second Q/dO stage. Taken by the column split (D = 256)
+//     outside deterministic mode, where the fp32 tile (64 KiB) is what keeps the kernel at one
+//     stage. At D = 128, where they free no stage, the same reductions measured -2.4 to -3.3%
+//     against the tile (docs/PERFORMANCE.md item 75).
+RATTN_HD constexpr bool bwd_dq_from_registers(int dqk, int dv, bool deterministic) {
+  return bwd_column_split(dqk, dv) && !deterministic;
+}
+RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv, bool dq_regs) {
   return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 2, 24, 240}
          : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}
-                                      : BwdConfig{64, 64, 2, 1, 32, 232};
+                                      : BwdConfig{64, 64, 2, dq_regs ? 2 : 1, 32, 232};
 }
-constexpr BwdConfig kBwd = bwd_config(128, 128);
-constexpr BwdConfig kBwdColumnSplit = bwd_config(256, 256);
+constexpr BwdConfig kBwd = bwd_config(128, 128, false);
+constexpr BwdConfig kBwdColumnSplit = bwd_config(256, 256, false);
 constexpr int kBwdThreads = ws_threads(kBwd);
 static_assert(ws_threads(kBwdColumnSplit) == kBwdThreads &&
-                  ws_threads(bwd_config(192, 128)) == kBwdThreads,
+                  ws_threads(bwd_config(256, 256, true)) == kBwdThreads &&
+                  ws_threads(bwd_config(192, 128, false)) == kBwdThreads,
               "one thread count for the backward");
 static_assert(kBwd.block_n == 64 * kBwd.consumers, "key split: one wgmma M of keys per consumer");
 static_assert(kBwdColumnSplit.block_n == 64 && kBwdColumnSplit.consumers == 2,
               "column split: one wgmma M of keys, two sets of columns");
-static_assert(fits_register_pool(kBwd) && fits_register_pool(kBwdColumnSplit),
+static_assert(fits_register_pool(kBwd) && fits_register_pool(kBwdColumnSplit) &&
+                  fits_register_pool(bwd_config(256, 256, true)) &&
+                  fits_register_pool(bwd_config(192, 128, false)),
               "the warpgroups' registers after reallocation exceed the CTA's pool");
 
 // The pairs the Hopper backward has kernels for, likewise (bwd_sm90.cu).
@@ -321,11 +340,12 @@ RATTN_HD constexpr int bwd_ds_buffers(int dqk, int dv) {
   return bwd_scores_in_turn(dqk, dv) ? 1 : 2;
 }
 // Backward: K, V for the CTA's life; Q, dO, LSE and dot(dO, O) in `stages` buffers; the dS^T
-// buffers (bwd_ds_buffers); the dQ tile in the scratch's own element type and row-major layout
-// (the source of the bulk reduce); the mbarriers.
+// buffers (bwd_ds_buffers); the dQ tile in the scratch's own element type and tile order (the
+// source of the bulk reduce; none where dQ goes from registers); the mbarriers.
 struct BwdSmem {
   size_t k, v, q, d_o, ds, dq, lse, dpsum, bars;  // byte offsets from the 1024-aligned base
   size_t q_stage, do_stage, ds_stage, stat_stage;
+  size_t dq_tile;  // the dQ tile's bytes: room for fp32, the larger scratch type; 0 from registers
   int ds_buffers;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
@@ -334,8 +354,8 @@ struct BwdSmem {
 RATTN_HD constexpr int bwd_barriers(int stages) {
   return 1 + 2 * stages + 2 + 1;
 }
-RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
-  const BwdConfig c = bwd_config(dqk, dv);
+RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, bool dq_regs) {
+  const BwdConfig c = bwd_config(dqk, dv, dq_regs);
   BwdSmem s{};
   s.q_stage = tile_bytes(c.block_m, dqk);
   s.do_stage = tile_bytes(c.block_m, dv);
@@ -348,14 +368,18 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv) {
   s.d_o = s.q + c.stages * s.q_stage;
   s.ds = s.d_o + c.stages * s.do_stage;
   s.dq = s.ds + s.ds_buffers * s.ds_stage;
-  s.lse = s.dq + size_t(c.block_m) * dqk * 4;  // fp32 at most
+  s.dq_tile = dq_regs ? 0 : size_t(c.block_m) * dqk * 4;
+  s.lse = s.dq + s.dq_tile;
   s.dpsum = s.lse + c.stages * s.stat_stage;
   s.bars = s.dpsum + c.stages * s.stat_stage;
   s.bytes = s.bars + bwd_barriers(c.stages) * 8 + kSmemAlign;
   return s;
 }
-static_assert(bwd_smem(128, 128).bytes <= 227 * 1024 && bwd_smem(256, 256).bytes <= 227 * 1024 &&
-                  bwd_smem(192, 128).bytes <= 227 * 1024,
+static_assert(bwd_smem(64, 64, false).bytes <= 227 * 1024 &&
+                  bwd_smem(128, 128, false).bytes <= 227 * 1024 &&
+                  bwd_smem(256, 256, false).bytes <= 227 * 1024 &&
+                  bwd_smem(256, 256, true).bytes <= 227 * 1024 &&
+                  bwd_smem(192, 128, false).bytes <= 227 * 1024,
               "the backward's shared memory fits the opt-in limit of sm_90");
 
 }  // namespace sm90
