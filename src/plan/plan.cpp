@@ -200,8 +200,8 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     // Each step's dQ through a shared-memory tile (bulk reduce-adds by warp 1) or from the
     // consumers' registers, with the stages that leaves (sm90::bwd_dq_from_registers).
-    const bool dq_regs =
-        sm90::bwd_dq_from_registers(p.head_dim_qk, p.head_dim_v, p.deterministic != 0);
+    const bool dq_regs = sm90::bwd_dq_from_registers(
+        p.head_dim_qk, p.head_dim_v, p.deterministic != 0, p.dq_accum == RATTN_DQ_ACCUM_FP32);
     const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk, p.head_dim_v, dq_regs);
     d->bwd = LaunchShape{KernelFamily::Wgmma,
                          c.block_m,

@@ -275,22 +275,25 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
 TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
   // D = 256 and Dqk 192 / Dv 128: the Hopper forward and backward, whose shared memory fits the
-  // device: the column-split backward at 256 (64 keys per CTA; dQ from registers and two Q/dO
-  // stages, or in deterministic mode dQ through the shared-memory tile and one stage), the key
-  // split at 192/128 (128 keys, 64 per consumer; two Q/dO stages beside one dS^T buffer, dQ
-  // through the tile in both modes).
+  // device: the column-split backward at 256 (64 keys per CTA; with a 16-bit dQ scratch outside
+  // deterministic mode dQ from registers and two Q/dO stages, otherwise dQ through the
+  // shared-memory tile and one stage), the key split at 192/128 (128 keys, 64 per consumer; two
+  // Q/dO stages beside one dS^T buffer, dQ through the tile always).
   for (rattn_backend b : {RATTN_BACKEND_AUTO, RATTN_BACKEND_CUDA, RATTN_BACKEND_CUDA_SM90}) {
     for (const auto& dims : {std::pair<int, int>{256, 256}, std::pair<int, int>{192, 128}}) {
-      for (int deterministic : {0, 1}) {
+      for (int mode = 0; mode < 4; ++mode) {
+        const bool deterministic = mode & 1, fp32_dq = mode & 2;
         const bool d256 = dims.first == 256;
         Problem p = long_problem(b);
         p.head_dim_qk = dims.first;
         p.head_dim_v = dims.second;
         p.deterministic = deterministic;
+        p.dq_accum = fp32_dq ? RATTN_DQ_ACCUM_FP32 : RATTN_DQ_ACCUM_BF16;
         Plan plan;
         ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
-        const bool dq_regs = d256 && !deterministic;
-        EXPECT_EQ(sm90::bwd_dq_from_registers(dims.first, dims.second, deterministic != 0),
+        SCOPED_TRACE(plan.describe());
+        const bool dq_regs = d256 && !deterministic && !fp32_dq;
+        EXPECT_EQ(sm90::bwd_dq_from_registers(dims.first, dims.second, deterministic, fp32_dq),
                   dq_regs);
         const sm90::BwdConfig c = sm90::bwd_config(dims.first, dims.second, dq_regs);
         EXPECT_EQ(plan.path(), Path::CudaSm90);
@@ -301,7 +304,7 @@ TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
         EXPECT_EQ(plan.data().bwd.block_n, d256 ? 64 : 128);
         EXPECT_EQ(plan.data().bwd.dq_staged, !dq_regs);
         EXPECT_EQ(plan.data().bwd.stages, c.stages);
-        EXPECT_EQ(c.stages, d256 && deterministic ? 1 : 2);
+        EXPECT_EQ(c.stages, d256 && !dq_regs ? 1 : 2);
         EXPECT_EQ(plan.data().bwd.smem_bytes,
                   sm90::bwd_smem(dims.first, dims.second, dq_regs).bytes);
         EXPECT_EQ(sm90::bwd_smem(dims.first, dims.second, dq_regs).ds_buffers, d256 ? 2 : 1);

@@ -105,11 +105,12 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
   }
 }
 
-// The column split's (D = 256) two backward kernels (sm90::bwd_dq_from_registers): outside
-// deterministic mode each step's dQ goes from the consumers' registers into the scratch by vector
-// reductions, two Q/dO stages; in deterministic mode through the shared-memory tile and warp 1's
-// turns, one stage. Both dQ scratch types each, every segment against the reference, and the
-// Plan must have chosen the kernel ("dQ staged" in its description for the tile). Segments
+// The column split's (D = 256) two backward kernels (sm90::bwd_dq_from_registers): with a 16-bit
+// dQ scratch outside deterministic mode each step's dQ goes from the consumers' registers into
+// the scratch by vector reductions, two Q/dO stages; with an fp32 scratch or in deterministic mode
+// through the shared-memory tile (and warp 1's turns), one stage. Every segment against the
+// reference, and the Plan must have chosen the kernel ("dQ staged" in its description for the
+// tile). Segments
 // include 1, 0 and lengths that are not multiples of 16, more query tiles than one segment's key
 // tiles, MQA and GQA, and keys that are not the queries (bottom-right alignment).
 TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
@@ -173,8 +174,9 @@ TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
   for (const Shape& sh : shapes) {
     for (bool deterministic : {false, true}) {
       for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
-        const bool regs = sm90::bwd_dq_from_registers(256, 256, deterministic);
-        ASSERT_EQ(regs, !deterministic);
+        const bool regs =
+            sm90::bwd_dq_from_registers(256, 256, deterministic, accum == RATTN_DQ_ACCUM_FP32);
+        ASSERT_EQ(regs, !deterministic && accum != RATTN_DQ_ACCUM_FP32);
         CaseSpec c;
         c.name = std::string(sh.name) + (deterministic ? "_deterministic" : "") +
                  (accum == RATTN_DQ_ACCUM_FP32 ? "_dq_fp32" : "_dq_16bit");

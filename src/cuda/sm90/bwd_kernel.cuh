@@ -79,7 +79,7 @@ __device__ __forceinline__ float2 prob_factor(const BwdParams& p, float t, float
   }
 }
 
-// DQ_REGS: each step's dQ goes from the consumers' registers into the scratch by vector
+// DQ_REGS: each step's dQ goes from the consumers' registers into the 16-bit scratch by vector
 // reductions, not through the shared-memory tile and warp 1 (config.hpp's bwd_dq_from_registers).
 template <class T, int DQK, int DV, bool DQ_REGS>
 __global__ void __launch_bounds__(kBwdThreads, 1)
@@ -679,25 +679,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const int32_t at0 =
             DqAccumLayout::fragment_index(warp_in_wg * 16 + lane / 4, col0 + 2 * (lane % 4));
         if (!DQ_REGS && part == 0 && it > 0) mbar_wait(dq_empty, (it - 1) & 1);
-        // The tile's vector at0 of panel 0: in the scratch (DQ_REGS) or in shared memory.
-        [[maybe_unused]] const int64_t at =
-            DQ_REGS ? dq_slot0 + qh * p.dq_accum.head_stride() + int64_t(m0) * p.dq_accum.dim + at0
-                    : 0;
-        if (p.dq_accum.type == AccumType::F32) {
-          float* dst = DQ_REGS ? static_cast<float*>(p.dq_accum_ptr) + at
-                               : reinterpret_cast<float*>(smem + L.dq) + at0;
+        if (!DQ_REGS && p.dq_accum.type == AccumType::F32) {
+          float* dst = reinterpret_cast<float*>(smem + L.dq) + at0;
 #pragma unroll
           for (int f = 0; f < DQP / 8; ++f) {
-            float* v = dst + f * DqAccumLayout::kPanelElems;
-            if constexpr (DQ_REGS) {
-              red_add(v, dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
-            } else {
-              *reinterpret_cast<float4*>(v) = make_float4(dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
-            }
+            *reinterpret_cast<float4*>(dst + f * DqAccumLayout::kPanelElems) =
+                make_float4(dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
           }
         } else {
-          // The 16-bit scratch is in the input's own format (the Plan's AccumType).
-          T* dst = DQ_REGS ? static_cast<T*>(p.dq_accum_ptr) + at
+          // The 16-bit scratch is in the input's own format (the Plan's AccumType); DQ_REGS takes
+          // no other (bwd_dq_from_registers): the tile's vector at0 of panel 0 in the scratch.
+          T* dst = DQ_REGS ? static_cast<T*>(p.dq_accum_ptr) + dq_slot0 +
+                                 qh * p.dq_accum.head_stride() + int64_t(m0) * p.dq_accum.dim + at0
                            : reinterpret_cast<T*>(smem + L.dq) + at0;
 #pragma unroll
           for (int f = 0; f < DQP / 8; ++f) {

@@ -65,7 +65,8 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
   const sm90::BwdConfig c = sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v, dq_regs);
   if (!sm90::bwd_supports(pr.head_dim_qk, pr.head_dim_v) || d.bwd.block_m != c.block_m ||
       d.bwd.block_n != c.block_n || d.bwd.stages != c.stages ||
-      (dq_regs && !sm90::bwd_column_split(pr.head_dim_qk, pr.head_dim_v)) ||
+      dq_regs != sm90::bwd_dq_from_registers(pr.head_dim_qk, pr.head_dim_v, pr.deterministic != 0,
+                                             pr.dq_accum == RATTN_DQ_ACCUM_FP32) ||
       d.bwd.smem_bytes != sm90::bwd_smem(pr.head_dim_qk, pr.head_dim_v, dq_regs).bytes) {
     return not_supported(
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,

@@ -202,13 +202,17 @@ RATTN_HD constexpr bool bwd_scores_in_turn(int dqk, int dv) {
 //     in deterministic mode once the tile's turn has come (the turns wait on other CTAs, which
 //     the consumers never do);
 //   from registers (true): each consumer thread adds its accumulator fragments itself with vector
-//     reductions (red.global.add.v4.f32, .v2.bf16x2 / .v2.f16x2 for a 16-bit scratch), and the
-//     tile's shared memory goes to a second Q/dO stage. Taken by the column split (D = 256)
-//     outside deterministic mode, where the fp32 tile (64 KiB) is what keeps the kernel at one
-//     stage. At D = 128, where they free no stage, the same reductions measured -2.4 to -3.3%
-//     against the tile (docs/PERFORMANCE.md item 75).
-RATTN_HD constexpr bool bwd_dq_from_registers(int dqk, int dv, bool deterministic) {
-  return bwd_column_split(dqk, dv) && !deterministic;
+//     reductions into the 16-bit scratch (red.global.add.noftz.v2.bf16x2 / .v2.f16x2), and the
+//     tile's shared memory goes to a second Q/dO stage. Taken by the column split (D = 256) with
+//     a 16-bit scratch outside deterministic mode, where the tile is what keeps the kernel at one
+//     stage. Measured on the H200 (docs/PERFORMANCE.md item 90, 2026-12-02; D = 256, Hq 32 /
+//     Hkv 8, backward TFLOP/s against the tile and one stage): 16-bit scratch, one causal document
+//     of 16k tokens +18.8%, docs_short_32k's documents +11%; an fp32 scratch by
+//     red.global.add.v4.f32 -7.0% and -6.9% on one document and docs_mixed_32k's, -5.5% without a
+//     mask, level on short documents: fp32 reductions from registers cost more than the stage
+//     gains (as at D = 128, where they freed no stage: -2.4 to -3.3%, item 75).
+RATTN_HD constexpr bool bwd_dq_from_registers(int dqk, int dv, bool deterministic, bool fp32_dq) {
+  return bwd_column_split(dqk, dv) && !deterministic && !fp32_dq;
 }
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv, bool dq_regs) {
   return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 2, 24, 240}

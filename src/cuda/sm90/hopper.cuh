@@ -104,13 +104,9 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
       : "memory");
 }
 
-// Vector reductions into global memory (sm_90): one thread adds 4 consecutive elements, fp32 or
-// two pairs of a 16-bit type (the backward's dQ from registers, config.hpp's
+// Vector reductions into global memory (sm_90): one thread adds 4 consecutive elements of a
+// 16-bit type, two packed pairs (the backward's dQ from registers, config.hpp's
 // bwd_dq_from_registers). Nothing in the kernel reads what they add.
-__device__ __forceinline__ void red_add(float* g, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(g), "f"(a), "f"(b), "f"(c),
-               "f"(d));
-}
 __device__ __forceinline__ void red_add(__nv_bfloat16* g, uint32_t ab, uint32_t cd) {
   asm volatile("red.global.add.noftz.v2.bf16x2 [%0], {%1, %2};\n" ::"l"(g), "r"(ab), "r"(cd));
 }
