@@ -90,8 +90,11 @@ std::vector<SuiteParam> named_variants(rattn_backend backend, const std::vector<
 
 // Runs one case on a fresh seed and expects every segment to pass on a plan whose description
 // contains every one of `path_parts`; deterministic cases must also repeat bitwise.
-inline void expect_case_passes(const verify::CaseSpec& spec,
-                               const std::vector<std::string>& path_parts) {
+// Runs `spec` with this run's seed and expects every segment to pass, the Plan's description to
+// hold each of path_parts, and a deterministic run to repeat bitwise; returns the report for what
+// a test checks beyond that.
+inline verify::CaseReport expect_case_passes(const verify::CaseSpec& spec,
+                                             const std::vector<std::string>& path_parts) {
   verify::RunOptions opt;
   opt.seed = run_seed();
   const verify::CaseReport r = verify::run_case(spec, opt);
@@ -103,6 +106,7 @@ inline void expect_case_passes(const verify::CaseSpec& spec,
   if (spec.deterministic) {
     EXPECT_EQ(r.nondeterministic, 0);
   }
+  return r;
 }
 
 }  // namespace gpu_test

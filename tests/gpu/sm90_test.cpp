@@ -88,10 +88,7 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
     c.hkv = sc.hkv;
     c.mask = RATTN_MASK_CAUSAL;
     c.backend = RATTN_BACKEND_CUDA_SM90;
-    verify::RunOptions opt;
-    opt.seed = gpu_test::run_seed();
-    const verify::CaseReport r = verify::run_case(c, opt);
-    EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << gpu_test::table(r);
+    const verify::CaseReport r = gpu_test::expect_case_passes(c, {"fwd[wgmma"});
     std::smatch m;
     const bool said = std::regex_search(r.path, m, std::regex("(\\d+) CTAs over (\\d+) items"));
     if (sc.persistent) {
@@ -195,14 +192,7 @@ TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
         c.dq_accum = accum;
         c.deterministic = deterministic;
         c.backend = RATTN_BACKEND_CUDA_SM90;
-        verify::RunOptions opt;
-        opt.seed = gpu_test::run_seed();
-        const verify::CaseReport r = verify::run_case(c, opt);
-        EXPECT_TRUE(r.pass) << "seed " << opt.seed << "\n" << gpu_test::table(r);
-        if (deterministic) {
-          EXPECT_EQ(r.nondeterministic, 0) << "bytes differing between two runs";
-        }
-        EXPECT_NE(r.path.find("bwd[wgmma 64x64"), std::string::npos) << r.path;
+        const verify::CaseReport r = gpu_test::expect_case_passes(c, {"bwd[wgmma 64x64"});
         EXPECT_EQ(r.path.find("dQ staged") == std::string::npos, regs) << r.path;
       }
     }
