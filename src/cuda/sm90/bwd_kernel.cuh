@@ -5,7 +5,7 @@
 //     with mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
 //     tile's turn first), except in the kernel that adds dQ from the consumers' registers
-//     (DQ_REGS: the column split outside deterministic mode, config.hpp's
+//     (DQ_REGS: the column split with a 16-bit scratch outside deterministic mode, config.hpp's
 //     bwd_dq_from_registers); warps 2-3 exit.
 //   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
 //     bwd_config and bwd_columns say: at D = 64, 128 and 192/128 (key split) each owns 64 of the
