@@ -368,7 +368,10 @@ std::string Plan::describe() const {
             : "",
         "] bwd[", kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
         d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages,
-        d.bwd.dq_staged ? " dQ staged" : "", "] dq_accum=",
+        d.bwd.dq_staged                       ? " dQ staged"
+        : d.bwd.family == KernelFamily::Wgmma ? " dQ from registers"
+                                              : "",
+        "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),
         p.deterministic ? " deterministic" : "");

@@ -314,6 +314,7 @@ TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
         EXPECT_THAT(plan.describe(),
                     HasSubstr(d256 ? "bwd[wgmma 64x64 384thr" : "bwd[wgmma 64x128 384thr"));
         EXPECT_EQ(plan.describe().find("dQ staged") != std::string::npos, !dq_regs);
+        EXPECT_EQ(plan.describe().find("dQ from registers") != std::string::npos, dq_regs);
       }
     }
   }
