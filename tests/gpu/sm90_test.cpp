@@ -42,6 +42,21 @@ std::vector<std::string> expected_path(const CaseSpec& c) {
           sm90::bwd_supports(c.dqk, c.dv) ? "bwd[wgmma" : "bwd[mma.sync"};
 }
 
+// A case forced onto the Hopper path: these query lengths (keys the same), heads, head dims and
+// mask; CaseSpec's defaults otherwise.
+CaseSpec sm90_case(const std::string& name, const std::vector<int32_t>& lens, int32_t hq,
+                   int32_t hkv, int32_t dim, rattn_mask mask) {
+  CaseSpec c;
+  c.name = name;
+  c.seqlens_q = lens;
+  c.hq = hq;
+  c.hkv = hkv;
+  c.dqk = c.dv = dim;
+  c.mask = mask;
+  c.backend = RATTN_BACKEND_CUDA_SM90;
+  return c;
+}
+
 class HopperSuite : public ::testing::TestWithParam<SuiteParam> {};
 
 TEST_P(HopperSuite, EverySegmentMatchesTheReference) {
@@ -81,13 +96,7 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
   }
   for (const Schedule& sc : schedules) {
     SCOPED_TRACE(sc.name);
-    CaseSpec c;
-    c.name = sc.name;
-    c.seqlens_q = sc.lens;
-    c.hq = sc.hq;
-    c.hkv = sc.hkv;
-    c.mask = RATTN_MASK_CAUSAL;
-    c.backend = RATTN_BACKEND_CUDA_SM90;
+    const CaseSpec c = sm90_case(sc.name, sc.lens, sc.hq, sc.hkv, 128, RATTN_MASK_CAUSAL);
     const verify::CaseReport r = gpu_test::expect_case_passes(c, {"fwd[wgmma"});
     std::smatch m;
     const bool said = std::regex_search(r.path, m, std::regex("(\\d+) CTAs over (\\d+) items"));
@@ -174,24 +183,18 @@ TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
         const bool regs =
             sm90::bwd_dq_from_registers(256, 256, deterministic, accum == RATTN_DQ_ACCUM_FP32);
         ASSERT_EQ(regs, !deterministic && accum != RATTN_DQ_ACCUM_FP32);
-        CaseSpec c;
-        c.name = std::string(sh.name) + (deterministic ? "_deterministic" : "") +
-                 (accum == RATTN_DQ_ACCUM_FP32 ? "_dq_fp32" : "_dq_16bit");
+        CaseSpec c = sm90_case(std::string(sh.name) + (deterministic ? "_deterministic" : "") +
+                                   (accum == RATTN_DQ_ACCUM_FP32 ? "_dq_fp32" : "_dq_16bit"),
+                               sh.lens_q, sh.hq, sh.hkv, 256, sh.mask);
         SCOPED_TRACE(c.name);
-        c.seqlens_q = sh.lens_q;
         c.seqlens_kv = sh.lens_kv;
-        c.hq = sh.hq;
-        c.hkv = sh.hkv;
-        c.dqk = c.dv = 256;
         c.dtype = sh.dtype;
-        c.mask = sh.mask;
         c.alignment = sh.align;
         c.window_left = sh.left;
         c.window_right = sh.right;
         c.softcap = sh.softcap;
         c.dq_accum = accum;
         c.deterministic = deterministic;
-        c.backend = RATTN_BACKEND_CUDA_SM90;
         const verify::CaseReport r = gpu_test::expect_case_passes(c, {"bwd[wgmma 64x64"});
         EXPECT_NE(r.path.find(regs ? "dQ from registers" : "dQ staged"), std::string::npos)
             << r.path;
