@@ -191,7 +191,8 @@ RATTN_HD constexpr bool bwd_column_split(int dqk, int dv) {
   return dqk == 256 && dv == 256;
 }
 // A key split whose dK and dV accumulators take more than D = 128's 128 registers (192/128: 160):
-// scores in turn, dQ in parts, 240 / 24 registers and one stage (above; bwd_kernel.cuh).
+// scores in turn, dQ in parts, 240 / 24 registers, two stages and one dS^T buffer (above;
+// bwd_kernel.cuh).
 RATTN_HD constexpr bool bwd_scores_in_turn(int dqk, int dv) {
   return !bwd_column_split(dqk, dv) && dqk + dv > 256;
 }
