@@ -376,7 +376,7 @@ TEST(BadInputs, WorkspaceTooSmall) {
 }
 
 TEST(BadInputs, ForwardWorkspaceMissing) {
-  // The persistent Hopper forward (documents of at most sm90::kPersistentMaxSeqlenQ tokens) keeps
+  // The persistent Hopper forward (short items: sm90::fwd_persistent) keeps
   // its work counter in the forward's workspace: a forward call without it is refused before
   // anything is launched, naming what the plan needs.
   Call s;

@@ -179,10 +179,10 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
 
 TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // sm90::fwd_persistent: at D = 128 the persistent kernel where the longest document's query
-  // tiles see at most kPersistentMaxMeanKeyTiles key tiles on average under the mask
-  // (fwd_mean_key_tiles); at the other head dims where it has at most kPersistentMaxSeqlenQ
-  // tokens. The persistent kernel runs one CTA per SM over all work items (never more CTAs than
+  // sm90::fwd_persistent: the persistent kernel where the longest document's query tiles see at
+  // most fwd_persistent_max_mean_key_tiles key tiles on average under the mask
+  // (fwd_mean_key_tiles, in the kernel's key tiles). The persistent kernel runs one CTA per SM
+  // over all work items (never more CTAs than
   // items), with its counter in the forward's workspace; the grid kernel otherwise. The Plan says
   // which.
   const MaskSpec causal{-1, 0, 0}, none{-1, -1, 0}, window{255, 0, 0}, bottom_right{-1, 0, 1};
@@ -202,12 +202,22 @@ TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   EXPECT_FALSE(sm90::fwd_persistent(128, 128, none, 3201, 3201));
   EXPECT_TRUE(sm90::fwd_persistent(128, 128, window, 32768, 32768));
   EXPECT_FALSE(sm90::fwd_persistent(128, 128, bottom_right, 100, 6000));
+  // The other head dims' limits, on both sides: D = 64 up to 17 (a causal document of 33 tiles
+  // sees 17 on average, one of 34 17.5), 192/128 up to 64.5 (128 tiles), 256 up to 129 in its
+  // 64-key tiles (a causal document of 16384 tokens: query tile t sees 2 (t + 1)).
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 16384, 16384, 128, 64), 129.0);
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 33 * 128, 33 * 128, 128, 128), 17.0);
+  EXPECT_TRUE(sm90::fwd_persistent(64, 64, causal, 33 * 128, 33 * 128));
+  EXPECT_FALSE(sm90::fwd_persistent(64, 64, causal, 33 * 128 + 1, 33 * 128 + 1));
+  EXPECT_TRUE(sm90::fwd_persistent(192, 128, causal, 16384, 16384));
+  EXPECT_FALSE(sm90::fwd_persistent(192, 128, causal, 16385, 16385));
+  EXPECT_TRUE(sm90::fwd_persistent(256, 256, causal, 16384, 16384));
+  EXPECT_FALSE(sm90::fwd_persistent(256, 256, causal, 16385, 16385));
+  EXPECT_TRUE(sm90::fwd_persistent(256, 256, none, 129 * 64, 129 * 64));  // every key: 129 tiles
+  EXPECT_FALSE(sm90::fwd_persistent(256, 256, none, 129 * 64 + 1, 129 * 64 + 1));
   for (const auto& dims : {std::pair<int, int>{64, 64}, std::pair<int, int>{192, 128},
                            std::pair<int, int>{256, 256}}) {
-    const int at = sm90::kPersistentMaxSeqlenQ;
-    EXPECT_TRUE(sm90::fwd_persistent(dims.first, dims.second, causal, at, at));
-    EXPECT_FALSE(sm90::fwd_persistent(dims.first, dims.second, causal, at + 1, at + 1));
-    EXPECT_FALSE(sm90::fwd_persistent(dims.first, dims.second, window, 32768, 32768));
+    EXPECT_TRUE(sm90::fwd_persistent(dims.first, dims.second, window, 32768, 32768));
   }
 
   const int sms = fake_hopper_caps().num_sms;

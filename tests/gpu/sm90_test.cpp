@@ -72,9 +72,9 @@ INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
 // The Hopper forward's two kernels (sm90::fwd_persistent): the persistent one, one CTA per SM over
 // all work items, where the longest document's items are short; the grid one, one CTA per item,
 // where they are long (at D = 128 under a causal mask: up to 6144 tokens, 24.5 key tiles per
-// query tile on average, and from 6401, 26). Each must match the reference, and the Plan must
-// have chosen it (the persistent kernel's description says "N CTAs over M items", the grid
-// kernel's says nothing).
+// query tile on average, and from 6401, 26; at D = 64 from 4225 tokens, 17.5; at D = 256 up to
+// 16k tokens). Each must match the reference, and the Plan must have chosen it (the persistent
+// kernel's description says "N CTAs over M items", the grid kernel's says nothing).
 TEST(HopperForward, BothKernelsMatchTheReference) {
   RATTN_REQUIRE_SM90();
   const int sms = query_device().num_sms;
@@ -83,20 +83,29 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
     std::vector<int32_t> lens;
     int32_t hq, hkv;
     bool persistent;
+    int32_t dim = 128;
+    int32_t dim_v = 0;  // 0: dim
   };
   const Schedule schedules[] = {
       {"persistent", {6144, 300, 1, 77}, 3, 1, true},
       {"grid", {6401, 200, 33}, 1, 1, false},
       {"grid_mqa", {33, 6401}, 2, 1, false},
+      {"grid_d64", {4300, 33, 0}, 2, 1, false, 64},
+      {"persistent_d256", {3000, 100, 1}, 6, 2, true, 256},
+      {"persistent_d64", {4096, 77, 1}, 5, 1, true, 64},
+      {"persistent_d192_128", {6144, 50}, 3, 1, true, 192, 128},
   };
   const MaskSpec causal{-1, 0, 0};
   for (const Schedule& sc : schedules) {
     const int longest = *std::max_element(sc.lens.begin(), sc.lens.end());
-    ASSERT_EQ(sm90::fwd_persistent(128, 128, causal, longest, longest), sc.persistent) << sc.name;
+    const int dim_v = sc.dim_v ? sc.dim_v : sc.dim;
+    ASSERT_EQ(sm90::fwd_persistent(sc.dim, dim_v, causal, longest, longest), sc.persistent)
+        << sc.name;
   }
   for (const Schedule& sc : schedules) {
     SCOPED_TRACE(sc.name);
-    const CaseSpec c = sm90_case(sc.name, sc.lens, sc.hq, sc.hkv, 128, RATTN_MASK_CAUSAL);
+    CaseSpec c = sm90_case(sc.name, sc.lens, sc.hq, sc.hkv, sc.dim, RATTN_MASK_CAUSAL);
+    if (sc.dim_v) c.dv = sc.dim_v;
     const verify::CaseReport r = gpu_test::expect_case_passes(c, {"fwd[wgmma"});
     std::smatch m;
     const bool said = std::regex_search(r.path, m, std::regex("(\\d+) CTAs over (\\d+) items"));

@@ -108,21 +108,30 @@ constexpr int kAutoMinSeqlenKv = 96;
 // query tile x head, the hardware's block dispatch), or the CTA count of the persistent kernel
 // (one CTA per SM over work_items items, the first from its CTA index, the rest from a counter).
 // The persistent kernel pays its set-up once per SM and overlaps the next item's loads with the
-// current one's last product and epilogue, a gain per item that shrinks as items grow; the grid
-// kernel has three K/V stages at D = 128 and half of Q in registers (fwd_config,
-// fwd_q_reg_ksteps). fwd_persistent decides from the key tiles the longest document's query tiles
-// see on average (fwd_mean_key_tiles, under the problem's mask).
-//   D = 128: persistent up to kPersistentMaxMeanKeyTiles. Measured on the H200
-//     (docs/PERFORMANCE.md item 89, 2026-12-02; Hq 32 / Hkv 8, 32k-token packs of equal causal
-//     documents, forward TFLOP/s, persistent against grid, two rounds): 1536 tokens (6.5 key
-//     tiles on average) +7.2%, 2048 (8.5) +5.2%, 3072 (12.5) +2.3%, 4096 (16.5) +3.6%, 6144
-//     (24.5) +0.8%; one round: docs_mixed_32k (longest 7198: 29) +0.2%, one document of 16384
-//     (64.5) -0.9%. (Items 24 and 27 had measured the grid kernel ahead above 1024 tokens,
-//     before items 47-59 made the persistent kernel's items cheaper.)
-//   Other head dims: where the longest document has at most kPersistentMaxSeqlenQ tokens, the
-//     rule of items 24 and 27 (measured at D = 128 then; not re-measured at these dims).
-constexpr double kPersistentMaxMeanKeyTiles = 25;
-constexpr int kPersistentMaxSeqlenQ = 1024;
+// current one's last product and epilogue, a gain per item that shrinks as items grow. At D = 64
+// and 128 the grid kernel holds half of Q in registers (fwd_q_reg_ksteps) and at D = 128 a third
+// K/V stage where the persistent one has a second Q buffer (fwd_config); at Dqk 192 and 256 both
+// have one Q buffer and two stages. fwd_persistent decides from the key tiles
+// (the kernel's block_n) the longest document's query tiles see on average (fwd_mean_key_tiles,
+// under the problem's mask): persistent up to fwd_persistent_max_mean_key_tiles. Measured on the
+// H200 (Hq 32 / Hkv 8, bf16, 32k-token packs of equal causal documents, docs_mixed_32k's
+// documents and one 16k document, forward TFLOP/s, persistent against grid; the mean in
+// parentheses):
+//   D = 128 (docs/PERFORMANCE.md item 89, two rounds): 1536 tokens (6.5) +7.2%, 2048 (8.5)
+//     +5.2%, 3072 (12.5) +2.3%, 4096 (16.5) +3.6%, 6144 (24.5) +0.8%; one round: docs_mixed_32k
+//     (longest 7198: 29) +0.2%, 16384 (64.5) -0.9%. Up to 25.
+//   D = 64 (item 91, one round): 1536 (6.5) +12.7%, 3072 (12.5) +2.7%, 4096 (16.5) +1.6%, 6144
+//     (24.5) -1.9%. Up to 17.
+//   Dqk 192 / Dv 128 (item 91, one round): 1536 (6.5) +8.6%, 6144 (24.5) +3.1%, docs_mixed_32k
+//     (29) +1.9%, 16384 (64.5) +0.7%. Up to 64.5, the longest measured.
+//   D = 256, 64-key tiles (item 91, one round): 1536 (13) +3.1%, 3072 (25) +2.6%, 6144 (49)
+//     +1.7%, docs_mixed_32k (58) +1.2%, 16384 (129) +1.2%. Up to 129, the longest measured.
+// (Items 24 and 27 had measured the grid kernel ahead above 1024 tokens at D = 128, before items
+// 47-59 made the persistent kernel's items cheaper; until item 91 the other head dims kept that
+// rule.)
+RATTN_HD constexpr double fwd_persistent_max_mean_key_tiles(int dqk, int /*dv*/) {
+  return dqk == 64 ? 17 : dqk == 128 ? 25 : dqk == 192 ? 64.5 : 129;
+}
 // The mean over the query tiles (bm rows) of one document of len_q queries and len_kv keys of the
 // key tiles (bn keys) each sees under `mask`: the forward's work items' length in key tiles.
 inline double fwd_mean_key_tiles(const MaskSpec& mask, int len_q, int len_kv, int bm, int bn) {
@@ -137,12 +146,9 @@ inline double fwd_mean_key_tiles(const MaskSpec& mask, int len_q, int len_kv, in
 }
 inline bool fwd_persistent(int dqk, int dv, const MaskSpec& mask, int64_t max_seqlen_q,
                            int64_t max_seqlen_kv) {
-  if (dqk == 128 && dv == 128) {
-    const FwdConfig c = fwd_config(dqk, dv, true);
-    return fwd_mean_key_tiles(mask, int(max_seqlen_q), int(max_seqlen_kv), c.block_m, c.block_n) <=
-           kPersistentMaxMeanKeyTiles;
-  }
-  return max_seqlen_q <= kPersistentMaxSeqlenQ;
+  const FwdConfig c = fwd_config(dqk, dv, true);
+  return fwd_mean_key_tiles(mask, int(max_seqlen_q), int(max_seqlen_kv), c.block_m, c.block_n) <=
+         fwd_persistent_max_mean_key_tiles(dqk, dv);
 }
 inline int64_t fwd_ctas(int num_sms, int64_t work_items, bool persistent) {
   if (!persistent || work_items <= 0) return 0;
