@@ -72,9 +72,10 @@ INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
 // The Hopper forward's two kernels (sm90::fwd_persistent): the persistent one, one CTA per SM over
 // all work items, where the longest document's items are short; the grid one, one CTA per item,
 // where they are long (at D = 128 under a causal mask: up to 6144 tokens, 24.5 key tiles per
-// query tile on average, and from 6401, 26; at D = 64 from 4225 tokens, 17.5; at D = 256 up to
-// 16k tokens). Each must match the reference, and the Plan must have chosen it (the persistent
-// kernel's description says "N CTAs over M items", the grid kernel's says nothing).
+// query tile on average, and from 6401, 26; at D = 64 up to 4224 tokens, 17, and from 4225, 17.5;
+// at Dqk 192 / Dv 128 and D = 256 up to 16k tokens). Each must match the reference, and the Plan
+// must have chosen it (the persistent kernel's description says "N CTAs over M items", the grid
+// kernel's says nothing).
 TEST(HopperForward, BothKernelsMatchTheReference) {
   RATTN_REQUIRE_SM90();
   const int sms = query_device().num_sms;
