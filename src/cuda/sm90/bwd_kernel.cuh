@@ -367,10 +367,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         seen_hi = seen.end;
       }
     }
-    // DQ_REGS: the scratch's slot of the group's first query head in this segment; a step's tile
-    // is qh heads and m0 rows on (DqAccumLayout::offset is affine in both).
-    [[maybe_unused]] const int64_t dq_slot0 =
-        DQ_REGS ? p.dq_accum.offset(0, b, seg.cu_q, hk * p.group, 0) : 0;
     if (n_it > 0) mbar_wait(kv_full, 0);
     for (int it = 0, qt = 0, qh = 0; it < n_it;
          ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == 0) {
@@ -689,8 +685,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         } else {
           // The 16-bit scratch is in the input's own format (the Plan's AccumType); DQ_REGS takes
           // no other (bwd_dq_from_registers): the tile's vector at0 of panel 0 in the scratch.
-          T* dst = DQ_REGS ? static_cast<T*>(p.dq_accum_ptr) + dq_slot0 +
-                                 qh * p.dq_accum.head_stride() + int64_t(m0) * p.dq_accum.dim + at0
+          T* dst = DQ_REGS ? static_cast<T*>(p.dq_accum_ptr) +
+                                 p.dq_accum.offset(0, b, seg.cu_q, hk * p.group + qh, m0) + at0
                            : reinterpret_cast<T*>(smem + L.dq) + at0;
 #pragma unroll
           for (int f = 0; f < DQP / 8; ++f) {
