@@ -100,11 +100,17 @@ def consumer(w, cw):
     def pass_turn():
         yield ("arrive_nb", 3 if cw == 0 else 2)
 
+    # The turns run across items: consumer 1 gives consumer 0 the CTA's first turn, passes on
+    # after every item's last P V, and consumer 0 takes that last pass before it exits.
+    if cw == 1:
+        yield ("arrive_nb", 2)  # consumer 0 goes first
     while True:
         b = t % NQ
         yield ("wait", w.q_full[b], t // NQ)
         it = w.items[b]
         if not it.get("valid", True):
+            if cw == 0:
+                yield from my_turn()
             break
         w.log[cw].append(it["id"])
         if it["n"] == 0:
@@ -112,8 +118,6 @@ def consumer(w, cw):
             t += 1
             continue
         n = it["n"]
-        if cw == 1:
-            yield ("arrive_nb", 2)  # consumer 0 goes first
         yield ("wait", w.full_k[g % S], g // S)
         yield from my_turn()
         yield from pass_turn()
@@ -129,8 +133,7 @@ def consumer(w, cw):
         last = g + n - 1
         yield ("wait", w.full_v[last % S], last // S)
         yield from my_turn()
-        if cw == 0:
-            yield from pass_turn()
+        yield from pass_turn()  # consumer 1's pass: consumer 0's first turn of the next item
         yield ("do", lambda s=last % S: w.empty_v[s].arrive())
         yield ("do", lambda b=b: w.q_empty[b].arrive())  # the epilogue is done with Q buffer b
         g += n

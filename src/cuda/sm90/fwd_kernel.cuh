@@ -396,9 +396,16 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   // consumer issues its products only in its turn (barrier 2 + its index, completed by the other
   // consumer's arrival) and hands the turn over right after issuing, so one consumer's softmax
   // runs while the other's products occupy the tensor cores. Each consumer has n_tiles + 1 issue
-  // phases (S_0; S_i with P_{i-1} V_{i-1}; the last P V), so the turns stay paired, and consumer
-  // 1 does not pass on its last turn (no barrier is left half-arrived when the CTA exits).
+  // phases (S_0; S_i with P_{i-1} V_{i-1}; the last P V), so the turns stay paired.
+  //   Grid kernel: consumer 1 hands consumer 0 the first turn at the item's start and does not
+  //     pass on its last turn (no barrier is left half-arrived when the CTA exits).
+  //   Persistent kernel: consumer 1 passes on its last turn too, right after issuing its last
+  //     P V, so consumer 0 may issue the next item's S_0 while consumer 1 still runs this item's
+  //     epilogue (and its wait for the next item); that pass is the next item's first turn, the
+  //     kernel gives consumer 0 the CTA's very first one and consumer 0 takes the last pass
+  //     before it exits (fwd_persistent_kernel; kTurnAcrossItems).
   static_assert(C.consumers == 2, "the ping-pong pairs two consumers");
+  constexpr bool kTurnAcrossItems = kPersistent;
   auto my_turn = [&]() {
     if (cw == 0) {
       named_barrier_sync(2, 256);
@@ -413,7 +420,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
       named_barrier_arrive(2, 256);
     }
   };
-  if (cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
+  if (!kTurnAcrossItems && cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
   if (cw_rows <= 0) {
     // No row of this consumer is inside the segment: the item's barrier protocol only, every wait,
     // turn and release as below in the same order, with no product (the other consumer's then
@@ -432,7 +439,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     const int idle_last = (g + n_tiles - 1) % STAGES;
     if constexpr (SPLIT) mbar_wait(&ring.full_v[idle_last], ((g + n_tiles - 1) / STAGES) & 1);
     my_turn();
-    if (cw == 0) pass_turn();
+    if (kTurnAcrossItems || cw == 0) pass_turn();
     mbar_arrive(&ring.empty_v[idle_last]);
     if constexpr (kPersistent) mbar_arrive(q_empty);  // done with the Q buffer
     return n_tiles;
@@ -480,7 +487,9 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   wgmma_fence();
   issue_pv(last, (last_keys + 15) / 16);
   wgmma_commit();
-  if (cw == 0) pass_turn();  // consumer 1's last phase comes after consumer 0's: no turn is left
+  // Consumer 1's last phase comes after consumer 0's: in the grid kernel no turn is left; in the
+  // persistent one its pass is consumer 0's first turn of the next item.
+  if (kTurnAcrossItems || cw == 0) pass_turn();
   wgmma_wait<0>();
   pin(acc_o);
   mbar_arrive(&ring.empty_v[last]);
@@ -752,14 +761,22 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     return;
   }
 
-  // ---- Consumers: 64 query rows each, item after item.
+  // ---- Consumers: 64 query rows each, item after item. The ping-pong's turns run across items
+  // (fwd_consume's kTurnAcrossItems): consumer 1 gives consumer 0 the CTA's first turn here and
+  // passes on after each item's last P V, so consumer 0 takes that last pass before it exits (no
+  // named barrier is left half-arrived).
   regs_alloc<C.consumer_regs>();
+  const bool consumer0 = tid < 256;
+  if (!consumer0) named_barrier_arrive(2, 256);  // consumer 0 goes first
   int g = 0;  // K/V tiles consumed by this CTA so far (the producer's count)
   for (int t = 0;; ++t) {
     const int b = t % NQ;
     mbar_wait(&q_full[b], (t / NQ) & 1);
     const Item it = items[b];  // inside a segment: the producer skipped the gaps
-    if (!it.valid) break;
+    if (!it.valid) {
+      if (consumer0) named_barrier_sync(2, 256);
+      break;
+    }
     if (it.w.key_lo >= it.w.key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
       portable::write_unseen_tile<T, DV>(p, it.w, it.h, tid - 128, 128 * C.consumers);
       mbar_arrive(&q_empty[b]);
