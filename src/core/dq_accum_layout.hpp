@@ -93,6 +93,13 @@ struct DqAccumLayout {
   // fragment warpgroup thread u holds of an m64n8 accumulator. dq_convert reads tiles by vector.
   RATTN_HD static int32_t vector_row(int32_t u) { return 16 * (u / 32) + (u % 32) / 4; }
   RATTN_HD static int32_t vector_col(int32_t u) { return 2 * (u % 4); }
+  // Wgmma64: the scratch's 64-row tiles numbered in memory order (every slot is whole tiles, so no
+  // tile spans two slots): the tile holding the element at offset `off`, and how many there are.
+  // The Hopper backward's claims (BwdWorkspace::dq_claims: which tiles some key tile has written)
+  // are indexed by it, from the same offset() its writers and dq_convert address the tile at.
+  RATTN_HD int64_t tile_elems() const { return int64_t(kTileRows) * dim; }
+  RATTN_HD int64_t tile_of(int64_t off) const { return off / tile_elems(); }
+  RATTN_HD int64_t tiles() const { return elements() / tile_elems(); }
   RATTN_HD int64_t elements() const {
     int64_t planes =
         static_cast<int64_t>(nsplits) * heads * (scheme == DqSlotScheme::PaddedBatch ? batch : 1);

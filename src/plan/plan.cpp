@@ -79,6 +79,10 @@ void plan_bwd_workspace(PlanData* d) {
     // The Hopper backward takes its key tiles segment by segment, the segments with the most work
     // first (long segments have more query steps than short ones; sm90/schedule.cuh).
     ws.schedule = take(&cursor, size_t(d->bwd.tiles) * sizeof(TileCoord));
+    if (sm90::bwd_dq_claimed(!d->bwd.dq_staged, false)) {
+      // Cleared in 16-byte words, as the scratch would be.
+      ws.dq_claims = take(&cursor, size_t(round_up(ws.dq_accum.tiles() * 4, 16)));
+    }
   }
   ws.total = round_up(int64_t(cursor), kRegionAlign);
 }
@@ -368,7 +372,7 @@ std::string Plan::describe() const {
             : "",
         "] bwd[", kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
         d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages,
-        d.bwd.dq_staged                       ? " dQ staged"
+        d.bwd.dq_staged ? (d.bwd_ws.dq_claims.bytes ? " dQ staged, claimed" : " dQ staged")
         : d.bwd.family == KernelFamily::Wgmma ? " dQ from registers"
                                               : "",
         "] dq_accum=",

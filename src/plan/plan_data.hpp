@@ -27,6 +27,10 @@ struct BwdWorkspace {
   Region dq_accum_region;  // dq_accum.bytes() at an aligned offset
   Region dpsum;            // fp32 dot(dO, O), RowStatLayout
   Region locks;            // int32 per (query tile, query head): deterministic ordering
+  // int32 per 64-row tile of the dQ scratch (DqAccumLayout::tile_of), zeroed by the dot(dO, O)
+  // kernel in place of the scratch: 0 no key tile has written the tile, 1 one is storing it, 2
+  // written (sm90::bwd_dq_claimed; the Hopper backward only).
+  Region dq_claims;
   // TileCoord per key tile (LaunchShape::tiles): the order the Hopper backward's CTAs take the key
   // tiles in, segment by segment, the segments with the most work first (written by
   // sm90::bwd_lpt_schedule before each main kernel). Not in

@@ -274,6 +274,47 @@ TEST(DqAccumLayout, Wgmma64TilesPermuteTheirSlotRows) {
   }
 }
 
+// The Hopper backward's claims (BwdWorkspace::dq_claims): warp 1 claims the tile at tile_of of the
+// offset it writes the tile at (offset(0, b, cu_q, head, m0), m0 a multiple of 64), and dq_convert
+// looks up the claim of the tile it reads the same way. Every element of a 64-row tile of a slot
+// must map to that tile's claim, no two tiles (of any segments or heads) to the same claim, and
+// every claim must lie inside [0, tiles()): otherwise one key tile's claim would hide another
+// tile's writer, and a tile could be converted as unwritten.
+TEST(DqAccumLayout, Wgmma64TilesHaveOneClaimEach) {
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<int32_t> lens = random_lengths(9000 + trial);
+    for (int32_t& l : lens) l = std::min(l, 700);
+    const std::vector<int32_t> cu = prefix_sums(lens);
+    const int32_t max_len = *std::max_element(lens.begin(), lens.end());
+    const int32_t dim = 64 * (1 + trial % 4);
+    const int heads = 1 + trial % 3;
+    const DqAccumLayout l =
+        make_dq_accum_layout(DqSlotScheme::Compact, trial % 2 ? AccumType::BF16 : AccumType::F32,
+                             1, int32_t(lens.size()), heads, dim, cu.back(), max_len, kAlign,
+                             DqTileOrder::Wgmma64);
+    ASSERT_EQ(l.order, DqTileOrder::Wgmma64);
+    ASSERT_EQ(l.elements() % l.tile_elems(), 0) << "the scratch is whole tiles";
+    std::vector<int> claimed(size_t(l.tiles()), 0);
+    for (int b = 0; b < int(lens.size()); ++b) {
+      for (int h = 0; h < heads; ++h) {
+        for (int m0 = 0; m0 < lens[size_t(b)]; m0 += DqAccumLayout::kTileRows) {
+          const int64_t tile = l.tile_of(l.offset(0, b, cu[size_t(b)], h, m0));
+          ASSERT_GE(tile, 0);
+          ASSERT_LT(tile, l.tiles()) << "segment " << b << " head " << h << " rows from " << m0;
+          ASSERT_EQ(claimed[size_t(tile)]++, 0)
+              << "segment " << b << " head " << h << " rows from " << m0 << " share a claim";
+          // Every element the tile holds (its 64 rows, past the segment's end too) is the tile's.
+          for (int r : {0, 1, 8, 17, 63}) {
+            for (int c : {0, 1, dim - 1}) {
+              ASSERT_EQ(l.tile_of(l.at(0, b, cu[size_t(b)], h, m0 + r, c)), tile);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The kernel's side of Wgmma64: warpgroup thread u's fp32 accumulator of an m64nN wgmma holds,
 // for each 8-column fragment f, elements e = 0..3 at row 16 (u / 32) + (u % 32) / 4 + 8 (e / 2),
 // column 8 f + 2 (u % 4) + e % 2 (the PTX ISA's accumulator layout), and the Hopper backward stores

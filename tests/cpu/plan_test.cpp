@@ -282,6 +282,8 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
   }
 }
 
+void expect_consistent_workspace(const Plan& plan);  // below, with the workspace tests
+
 TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
   // D = 256 and Dqk 192 / Dv 128: the Hopper forward and backward, whose shared memory fits the
@@ -325,6 +327,9 @@ TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
                     HasSubstr(d256 ? "bwd[wgmma 64x64 384thr" : "bwd[wgmma 64x128 384thr"));
         EXPECT_EQ(plan.describe().find("dQ staged") != std::string::npos, !dq_regs);
         EXPECT_EQ(plan.describe().find("dQ from registers") != std::string::npos, dq_regs);
+        // Claimed dQ tiles wherever warp 1 adds them outside deterministic mode.
+        EXPECT_EQ(plan.data().bwd_ws.dq_claims.bytes != 0, !dq_regs && !deterministic);
+        expect_consistent_workspace(plan);
       }
     }
   }
@@ -454,6 +459,21 @@ void expect_consistent_workspace(const Plan& plan) {
   const bool schedule = d.bwd.family == KernelFamily::Wgmma && !d.problem.deterministic;
   EXPECT_EQ(ws.schedule.bytes, schedule ? size_t(d.bwd.tiles) * sizeof(TileCoord) : 0u);
   if (schedule) regions.push_back(ws.schedule);
+  // The Hopper backward's claims on the scratch's dQ tiles: one int32 per 64-row tile of the
+  // scratch (DqAccumLayout::tiles), in 16-byte words, wherever producer warp 1 adds the tiles
+  // outside deterministic mode (sm90::bwd_dq_claimed); the scratch is then never zeroed. No other
+  // path has claims.
+  const bool claimed = d.bwd.family == KernelFamily::Wgmma &&
+                       sm90::bwd_dq_claimed(!d.bwd.dq_staged, d.problem.deterministic != 0);
+  EXPECT_EQ(ws.dq_claims.bytes,
+            claimed ? size_t((ws.dq_accum.tiles() * 4 + 15) / 16 * 16) : size_t(0));
+  EXPECT_EQ(plan.describe().find("claimed") != std::string::npos, claimed);
+  if (claimed) {
+    EXPECT_EQ(ws.dq_accum.order, DqTileOrder::Wgmma64);
+    EXPECT_EQ(ws.dq_accum.nsplits, 1);
+    EXPECT_EQ(ws.dq_accum.elements() % ws.dq_accum.tile_elems(), 0);
+    regions.push_back(ws.dq_claims);
+  }
   std::sort(regions.begin(), regions.end(),
             [](const Region& a, const Region& b) { return a.offset < b.offset; });
   for (size_t i = 0; i < regions.size(); ++i) {

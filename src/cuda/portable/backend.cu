@@ -60,14 +60,18 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, bool convert, cud
   const dim3 grid(unsigned(RaggedTiles::bound(pr.total_q, pr.batch, post::kPostRows)),
                   unsigned(pr.num_heads_q));
   if (!convert) {
-    // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words.
-    uint4* clear = static_cast<uint4*>(p.dq_accum_ptr);
-    const size_t clear_words = d.bwd_ws.dq_accum_region.bytes / sizeof(uint4);
+    // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words, or, where the
+    // main kernel claims its tiles (BwdWorkspace::dq_claims), only the claims.
+    const Region& cleared = p.dq_claims ? d.bwd_ws.dq_claims : d.bwd_ws.dq_accum_region;
+    uint4* clear = p.dq_claims ? reinterpret_cast<uint4*>(p.dq_claims)
+                               : static_cast<uint4*>(p.dq_accum_ptr);
+    const size_t clear_words = cleared.bytes / sizeof(uint4);
     post::DotParams dp{p.o,     p.d_o, p.dpsum,       p.segs, p.o_layout, p.do_layout,
                        p.stats, tiles, pr.head_dim_v, clear,  clear_words};
     post::dot_do_o_kernel<T><<<grid, post::kPostThreads, 0, s>>>(dp);
   } else {
-    post::ConvertParams cp{p.dq_accum_ptr, p.dq_accum, p.dq, p.segs, p.dq_layout, tiles, p.scale};
+    post::ConvertParams cp{p.dq_accum_ptr, p.dq_claims, p.dq_accum, p.dq,
+                           p.segs,         p.dq_layout, tiles,      p.scale};
     post::dq_convert_kernel<T><<<grid, post::kPostThreads, 0, s>>>(cp);
   }
   return cudaGetLastError();
@@ -89,15 +93,17 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const BwdParams p = portable::make_bwd_params(d, t, workspace);
   const BwdWorkspace& ws = d.bwd_ws;
-  // The dQ scratch is zeroed by the dot(dO, O) kernel below, which runs whenever there are query
-  // rows (without them nothing adds into or reads the scratch). It clears 16-byte words: the
-  // region must be made of them (the Plan's regions are 256-byte aligned, the scratch's rows a
-  // multiple of 16 bytes at every head dim).
-  if (ws.dq_accum_region.bytes % sizeof(uint4) != 0 ||
-      reinterpret_cast<uintptr_t>(p.dq_accum_ptr) % sizeof(uint4) != 0) {
+  // The dQ scratch (or, where the main kernel claims its tiles, the claims) is zeroed by the
+  // dot(dO, O) kernel below, which runs whenever there are query rows (without them nothing adds
+  // into or reads the scratch). It clears 16-byte words: the region must be made of them (the
+  // Plan's regions are 256-byte aligned, the scratch's rows a multiple of 16 bytes at every head
+  // dim, the claims rounded up to 16 bytes).
+  const Region& cleared = p.dq_claims ? ws.dq_claims : ws.dq_accum_region;
+  if (cleared.bytes % sizeof(uint4) != 0 || cleared.offset % sizeof(uint4) != 0 ||
+      reinterpret_cast<uintptr_t>(workspace) % sizeof(uint4) != 0) {
     return Status(RATTN_ERROR_INTERNAL,
-                  str_cat("backward: the dQ scratch (", ws.dq_accum_region.bytes,
-                          " bytes) is not made of aligned 16-byte words"));
+                  str_cat("backward: the ", p.dq_claims ? "dQ claims" : "dQ scratch", " (",
+                          cleared.bytes, " bytes) are not made of aligned 16-byte words"));
   }
   if (p.locks) {
     RATTN_RETURN_IF_ERROR(cuda_status("backward: clearing the locks",
@@ -129,6 +135,11 @@ Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace
         "backward",
         str_cat("the portable backward's dQ scratch rows are the head dim (", d.problem.head_dim_qk,
                 ") apart; this plan's scratch has rows of ", d.bwd_ws.dq_accum.dim));
+  }
+  if (d.bwd_ws.dq_claims.bytes != 0) {  // the scratch would not be zeroed for its additions
+    return not_supported("backward",
+                         "the portable backward adds into a zeroed dQ scratch; this plan has the "
+                         "Hopper backward's claimed dQ tiles");
   }
   if (d.bwd_ws.schedule.bytes != 0) {  // likewise the key tiles' order
     return not_supported("backward",

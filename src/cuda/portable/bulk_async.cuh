@@ -46,6 +46,13 @@ __device__ __forceinline__ void bulk_reduce_add(__half* gmem, const void* smem, 
       "r"(smem_addr(smem)), "r"(bytes)
       : "memory");
 }
+// Bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory into
+// global memory, in the bulk-async group of the issuing thread.
+__device__ __forceinline__ void bulk_store(void* gmem, const void* smem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(smem_addr(smem)), "r"(bytes)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

@@ -55,6 +55,9 @@ struct BwdParams {
   void* dq_accum_ptr;
   float* dpsum;
   int32_t* locks;  // deterministic mode only
+  // The Hopper backward's claims on the scratch's dQ tiles (BwdWorkspace::dq_claims); null: the
+  // scratch is zeroed before the main kernel and every tile is added.
+  int32_t* dq_claims;
   // The Hopper backward's key-tile order (BwdWorkspace::schedule): CTA x takes key tile
   // schedule[x]; null: the tile map's x-th.
   const TileCoord* schedule;
@@ -117,6 +120,7 @@ inline BwdParams make_bwd_params(const PlanData& d, const BwdTensors& t, void* w
   p.dq_accum_ptr = d.bwd_ws.dq_accum_region.in<void>(workspace);
   p.dpsum = d.bwd_ws.dpsum.in<float>(workspace);
   p.locks = d.bwd_ws.locks.in<int32_t>(workspace);
+  p.dq_claims = d.bwd_ws.dq_claims.in<int32_t>(workspace);
   p.schedule = d.bwd_ws.schedule.in<TileCoord>(workspace);
   p.scale = d.scale;
   p.scale_log2 = d.scale * kLog2e;

@@ -4,7 +4,8 @@
 //     and the Q/dO/LSE/dot(dO,O) stages (Q and dO by TMA inside a segment) into a ring handed over
 //     with mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
-//     tile's turn first), except in the kernel that adds dQ from the consumers' registers
+//     tile's turn first; elsewhere the first key tile to claim a dQ tile stores it instead, and
+//     the scratch is never zeroed: config.hpp's bwd_dq_claimed), except in the kernel that adds dQ from the consumers' registers
 //     (DQ_REGS: the column split with a 16-bit scratch outside deterministic mode, config.hpp's
 //     bwd_dq_from_registers); warps 2-3 exit.
 //   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
@@ -257,13 +258,33 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
         // they hold, land in its own slot's last tile and are never read).
         const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
-        if (p.dq_accum.type == AccumType::F32) {
-          bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + off, smem + L.dq,
-                          uint32_t(BM) * DQK * 4);
+        // Claimed tiles (config.hpp's bwd_dq_claimed; the scratch was not zeroed): the first key
+        // tile to claim this one (0 -> 1) stores it and marks it written (2) once its bulk copy
+        // has completed; any other adds only once the tile is marked. The marking mirrors the
+        // deterministic turns' release and acquire.
+        int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
+        bool first = false;
+        if (claim) {
+          int state = atomicCAS(claim, 0, 1);
+          first = state == 0;
+          if (!first) {
+            while (state != 2) {
+              __nanosleep(32);
+              state = atomicAdd(claim, 0);
+            }
+            __threadfence();
+            fence_proxy_async_global();  // the store seen before this thread's bulk reduce-add
+          }
+        }
+        void* dst = static_cast<unsigned char*>(p.dq_accum_ptr) + off * p.dq_accum.elem_bytes();
+        const uint32_t bytes = uint32_t(BM) * DQK * uint32_t(p.dq_accum.elem_bytes());
+        if (first) {
+          bulk_store(dst, smem + L.dq, bytes);
+        } else if (p.dq_accum.type == AccumType::F32) {
+          bulk_reduce_add(static_cast<float*>(dst), smem + L.dq, bytes);
         } else {
           // The 16-bit scratch is in the input's own format (the Plan's AccumType).
-          bulk_reduce_add(static_cast<T*>(p.dq_accum_ptr) + off, smem + L.dq,
-                          uint32_t(BM) * DQK * 2);
+          bulk_reduce_add(static_cast<T*>(dst), smem + L.dq, bytes);
         }
         bulk_commit();
         if (lock) {
@@ -275,6 +296,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           bulk_wait_read();
         }
         mbar_arrive(dq_empty);  // the tile's shared memory may be written again
+        if (first) {  // the tile is written: the other key tiles may add into it
+          bulk_wait_done();
+          fence_proxy_async_global();
+          __threadfence();
+          atomicExch(claim, 2);
+        }
       }
       bulk_wait_done();
     }

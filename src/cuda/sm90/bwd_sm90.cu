@@ -85,6 +85,16 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
                          int(dq.order), ", alignment ", dq.align, " for query tiles of ",
                          d.bwd.block_m);
   }
+  // Warp 1 claims the dQ tiles exactly where the Plan reserved the claims and dot(dO, O) cleared
+  // them instead of the scratch (sm90::bwd_dq_claimed): a kernel that added without claiming would
+  // add into an uncleared scratch, and dq_convert would take its tiles for unwritten.
+  const bool claimed = sm90::bwd_dq_claimed(dq_regs, pr.deterministic != 0);
+  if ((d.bwd_ws.dq_claims.bytes != 0) != claimed ||
+      d.bwd_ws.dq_claims.bytes < size_t(dq.tiles()) * sizeof(int32_t) * (claimed ? 1 : 0)) {
+    return not_supported("backward", "the Hopper backward ", claimed ? "claims" : "does not claim",
+                         " its dQ tiles here; this plan reserves ", d.bwd_ws.dq_claims.bytes,
+                         " bytes of claims for ", dq.tiles(), " tiles");
+  }
   sm90::BwdTmaParams maps{};
   RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q_map, pr.dtype, t.q, d.q(),
                                      pr.num_heads_q, pr.total_q, pr.head_dim_qk, d.bwd.block_m));

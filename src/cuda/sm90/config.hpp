@@ -221,6 +221,16 @@ RATTN_HD constexpr bool bwd_scores_in_turn(int dqk, int dv) {
 RATTN_HD constexpr bool bwd_dq_from_registers(int dqk, int dv, bool deterministic, bool fp32_dq) {
   return bwd_column_split(dqk, dv) && !deterministic && !fp32_dq;
 }
+// Whether the scratch's dQ tiles are claimed rather than zeroed first (BwdWorkspace::dq_claims):
+// producer warp 1 claims each tile it writes (an int32 per 64-row tile of the scratch,
+// DqAccumLayout::tile_of): the first key tile to claim a tile stores it with a plain bulk copy and
+// then marks it written, the others add into it once it is marked; dq_convert writes zeros where
+// no key tile claimed one. The scratch then needs no zeroing pass (its whole region, 2x dQ's bytes
+// in fp32), and no first reduce-add reads zeros back. Taken wherever warp 1 adds the tiles
+// (DQ_REGS off) outside deterministic mode, whose turns keep the zeroed scratch.
+RATTN_HD constexpr bool bwd_dq_claimed(bool dq_regs, bool deterministic) {
+  return !dq_regs && !deterministic;
+}
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv, bool dq_regs) {
   return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 2, 24, 240}
          : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}

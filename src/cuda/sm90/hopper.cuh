@@ -57,6 +57,7 @@ __device__ __forceinline__ void wgmma_wait() {
 // included) visible to the async proxy that wgmma and TMA read through (a CTA barrier must follow).
 using portable::bulk_commit;
 using portable::bulk_reduce_add;
+using portable::bulk_store;
 using portable::bulk_wait_done;
 using portable::bulk_wait_read;
 using portable::fence_proxy_async_global;
