@@ -246,6 +246,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const int h = hk * p.group + it / m_count;
         const int m_tile = m_first + it % m_count;
         const int m0 = m_tile * BM;
+        // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
+        // they hold, land in its own slot's last tile and are never read).
+        const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
+        // Claimed tiles (config.hpp's bwd_dq_claimed; the scratch was not zeroed): the first key
+        // tile to claim this one (0 -> 1) stores it and marks it written (2) once its bulk copy
+        // has completed; any other adds only once the tile is marked. The marking mirrors the
+        // deterministic turns' release and acquire. The claim is taken before the step's tile is
+        // in (its round trip overlaps the consumers' step, not this warp's hand-off).
+        int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
+        const int claimed = claim ? atomicCAS(claim, 0, 1) : 2;
         mbar_wait(dq_full, it & 1);
         int32_t* lock = nullptr;
         int expected = 0;
@@ -255,18 +265,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           while (atomicAdd(lock, 0) != expected) __nanosleep(64);
           __threadfence();
         }
-        // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
-        // they hold, land in its own slot's last tile and are never read).
-        const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
-        // Claimed tiles (config.hpp's bwd_dq_claimed; the scratch was not zeroed): the first key
-        // tile to claim this one (0 -> 1) stores it and marks it written (2) once its bulk copy
-        // has completed; any other adds only once the tile is marked. The marking mirrors the
-        // deterministic turns' release and acquire.
-        int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
-        bool first = false;
+        const bool first = claimed == 0;
         if (claim) {
-          int state = atomicCAS(claim, 0, 1);
-          first = state == 0;
+          int state = claimed;
           if (!first) {
             while (state != 2) {
               __nanosleep(32);
