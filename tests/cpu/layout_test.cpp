@@ -288,10 +288,9 @@ TEST(DqAccumLayout, Wgmma64TilesHaveOneClaimEach) {
     const int32_t max_len = *std::max_element(lens.begin(), lens.end());
     const int32_t dim = 64 * (1 + trial % 4);
     const int heads = 1 + trial % 3;
-    const DqAccumLayout l =
-        make_dq_accum_layout(DqSlotScheme::Compact, trial % 2 ? AccumType::BF16 : AccumType::F32,
-                             1, int32_t(lens.size()), heads, dim, cu.back(), max_len, kAlign,
-                             DqTileOrder::Wgmma64);
+    const DqAccumLayout l = make_dq_accum_layout(
+        DqSlotScheme::Compact, trial % 2 ? AccumType::BF16 : AccumType::F32, 1,
+        int32_t(lens.size()), heads, dim, cu.back(), max_len, kAlign, DqTileOrder::Wgmma64);
     ASSERT_EQ(l.order, DqTileOrder::Wgmma64);
     ASSERT_EQ(l.elements() % l.tile_elems(), 0) << "the scratch is whole tiles";
     std::vector<int> claimed(size_t(l.tiles()), 0);

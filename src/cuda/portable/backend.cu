@@ -63,8 +63,8 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, bool convert, cud
     // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words, or, where the
     // main kernel claims its tiles (BwdWorkspace::dq_claims), only the claims.
     const Region& cleared = p.dq_claims ? d.bwd_ws.dq_claims : d.bwd_ws.dq_accum_region;
-    uint4* clear = p.dq_claims ? reinterpret_cast<uint4*>(p.dq_claims)
-                               : static_cast<uint4*>(p.dq_accum_ptr);
+    uint4* clear =
+        p.dq_claims ? reinterpret_cast<uint4*>(p.dq_claims) : static_cast<uint4*>(p.dq_accum_ptr);
     const size_t clear_words = cleared.bytes / sizeof(uint4);
     post::DotParams dp{p.o,     p.d_o, p.dpsum,       p.segs, p.o_layout, p.do_layout,
                        p.stats, tiles, pr.head_dim_v, clear,  clear_words};

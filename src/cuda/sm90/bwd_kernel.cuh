@@ -5,9 +5,9 @@
 //     with mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
 //     tile's turn first; elsewhere the first key tile to claim a dQ tile stores it instead, and
-//     the scratch is never zeroed: config.hpp's bwd_dq_claimed), except in the kernel that adds dQ from the consumers' registers
-//     (DQ_REGS: the column split with a 16-bit scratch outside deterministic mode, config.hpp's
-//     bwd_dq_from_registers); warps 2-3 exit.
+//     the scratch is never zeroed: config.hpp's bwd_dq_claimed), except in the kernel that adds dQ
+//     from the consumers' registers (DQ_REGS: the column split with a 16-bit scratch outside
+//     deterministic mode, config.hpp's bwd_dq_from_registers); warps 2-3 exit.
 //   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
 //     bwd_config and bwd_columns say: at D = 64, 128 and 192/128 (key split) each owns 64 of the
 //     CTA's 128 keys and all their columns; at D = 256 (column split) both work on the CTA's 64
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           bulk_wait_read();
         }
         mbar_arrive(dq_empty);  // the tile's shared memory may be written again
-        if (first) {  // the tile is written: the other key tiles may add into it
+        if (first) {            // the tile is written: the other key tiles may add into it
           bulk_wait_done();
           fence_proxy_async_global();
           __threadfence();
