@@ -79,7 +79,7 @@ void plan_bwd_workspace(PlanData* d) {
     // The Hopper backward takes its key tiles segment by segment, the segments with the most work
     // first (long segments have more query steps than short ones; sm90/schedule.cuh).
     ws.schedule = take(&cursor, size_t(d->bwd.tiles) * sizeof(TileCoord));
-    if (sm90::bwd_dq_claimed(!d->bwd.dq_staged, false)) {
+    if (sm90::bwd_dq_claimed(!d->bwd.dq_staged, p.deterministic != 0)) {
       // Cleared in 16-byte words, as the scratch would be.
       ws.dq_claims = take(&cursor, size_t(round_up(ws.dq_accum.tiles() * 4, 16)));
     }

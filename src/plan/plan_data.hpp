@@ -37,6 +37,9 @@ struct BwdWorkspace {
   // deterministic mode (its turns need each segment's tiles in order).
   Region schedule;
   size_t total = 0;
+  // What the dot(dO, O) kernel zeroes before the main kernel: the claims where the plan has them,
+  // the dQ scratch otherwise.
+  const Region& cleared() const { return dq_claims.bytes ? dq_claims : dq_accum_region; }
 };
 
 struct FwdWorkspace {

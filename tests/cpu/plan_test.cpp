@@ -468,6 +468,8 @@ void expect_consistent_workspace(const Plan& plan) {
   EXPECT_EQ(ws.dq_claims.bytes,
             claimed ? size_t((ws.dq_accum.tiles() * 4 + 15) / 16 * 16) : size_t(0));
   EXPECT_EQ(plan.describe().find("claimed") != std::string::npos, claimed);
+  // What dot(dO, O) zeroes: the claims, or the scratch where there are none.
+  EXPECT_EQ(&ws.cleared(), claimed ? &ws.dq_claims : &ws.dq_accum_region);
   if (claimed) {
     EXPECT_EQ(ws.dq_accum.order, DqTileOrder::Wgmma64);
     EXPECT_EQ(ws.dq_accum.nsplits, 1);

@@ -54,7 +54,8 @@ cudaError_t launch_portable_bwd(const BwdParams& p, const PlanData& d, const voi
 }
 
 template <class T>
-cudaError_t launch_post(const PlanData& d, const BwdParams& p, bool convert, cudaStream_t s) {
+cudaError_t launch_post(const PlanData& d, const BwdParams& p, void* workspace, bool convert,
+                        cudaStream_t s) {
   const Problem& pr = d.problem;
   const RaggedTiles tiles{post::kPostRows, pr.batch};
   const dim3 grid(unsigned(RaggedTiles::bound(pr.total_q, pr.batch, post::kPostRows)),
@@ -62,9 +63,8 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, bool convert, cud
   if (!convert) {
     // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words, or, where the
     // main kernel claims its tiles (BwdWorkspace::dq_claims), only the claims.
-    const Region& cleared = p.dq_claims ? d.bwd_ws.dq_claims : d.bwd_ws.dq_accum_region;
-    uint4* clear =
-        p.dq_claims ? reinterpret_cast<uint4*>(p.dq_claims) : static_cast<uint4*>(p.dq_accum_ptr);
+    const Region& cleared = d.bwd_ws.cleared();
+    uint4* clear = cleared.in<uint4>(workspace);
     const size_t clear_words = cleared.bytes / sizeof(uint4);
     post::DotParams dp{p.o,     p.d_o, p.dpsum,       p.segs, p.o_layout, p.do_layout,
                        p.stats, tiles, pr.head_dim_v, clear,  clear_words};
@@ -98,7 +98,7 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
   // into or reads the scratch). It clears 16-byte words: the region must be made of them (the
   // Plan's regions are 256-byte aligned, the scratch's rows a multiple of 16 bytes at every head
   // dim, the claims rounded up to 16 bytes).
-  const Region& cleared = p.dq_claims ? ws.dq_claims : ws.dq_accum_region;
+  const Region& cleared = ws.cleared();
   if (cleared.bytes % sizeof(uint4) != 0 || cleared.offset % sizeof(uint4) != 0 ||
       reinterpret_cast<uintptr_t>(workspace) % sizeof(uint4) != 0) {
     return Status(RATTN_ERROR_INTERNAL,
@@ -111,15 +111,15 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
   }
   const bool bf16 = pr.dtype == RATTN_DTYPE_BF16;
   if (pr.total_q > 0) {
-    RATTN_RETURN_IF_ERROR(
-        cuda_status("backward: dot(dO, O)", bf16 ? launch_post<__nv_bfloat16>(d, p, false, s)
-                                                 : launch_post<__half>(d, p, false, s)));
+    RATTN_RETURN_IF_ERROR(cuda_status("backward: dot(dO, O)",
+                                      bf16 ? launch_post<__nv_bfloat16>(d, p, workspace, false, s)
+                                           : launch_post<__half>(d, p, workspace, false, s)));
   }
   RATTN_RETURN_IF_ERROR(cuda_status("backward", main_kernel(p, d, ctx, s)));
   if (pr.total_q > 0) {
-    RATTN_RETURN_IF_ERROR(
-        cuda_status("backward: dq_convert", bf16 ? launch_post<__nv_bfloat16>(d, p, true, s)
-                                                 : launch_post<__half>(d, p, true, s)));
+    RATTN_RETURN_IF_ERROR(cuda_status("backward: dq_convert",
+                                      bf16 ? launch_post<__nv_bfloat16>(d, p, workspace, true, s)
+                                           : launch_post<__half>(d, p, workspace, true, s)));
   }
   return Status::Ok();
 }

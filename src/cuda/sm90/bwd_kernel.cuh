@@ -266,16 +266,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           __threadfence();
         }
         const bool first = claimed == 0;
-        if (claim) {
-          int state = claimed;
-          if (!first) {
-            while (state != 2) {
-              __nanosleep(32);
-              state = atomicAdd(claim, 0);
-            }
-            __threadfence();
-            fence_proxy_async_global();  // the store seen before this thread's bulk reduce-add
-          }
+        if (claim && !first) {  // another key tile's: wait for its store
+          for (int state = claimed; state != 2; state = atomicAdd(claim, 0)) __nanosleep(32);
+          __threadfence();
+          fence_proxy_async_global();  // the store seen before this thread's bulk reduce-add
         }
         void* dst = static_cast<unsigned char*>(p.dq_accum_ptr) + off * p.dq_accum.elem_bytes();
         const uint32_t bytes = uint32_t(BM) * DQK * uint32_t(p.dq_accum.elem_bytes());

@@ -90,7 +90,7 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
   // add into an uncleared scratch, and dq_convert would take its tiles for unwritten.
   const bool claimed = sm90::bwd_dq_claimed(dq_regs, pr.deterministic != 0);
   if ((d.bwd_ws.dq_claims.bytes != 0) != claimed ||
-      d.bwd_ws.dq_claims.bytes < size_t(dq.tiles()) * sizeof(int32_t) * (claimed ? 1 : 0)) {
+      (claimed && d.bwd_ws.dq_claims.bytes < size_t(dq.tiles()) * sizeof(int32_t))) {
     return not_supported("backward", "the Hopper backward ", claimed ? "claims" : "does not claim",
                          " its dQ tiles here; this plan reserves ", d.bwd_ws.dq_claims.bytes,
                          " bytes of claims for ", dq.tiles(), " tiles");
