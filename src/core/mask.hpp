@@ -62,6 +62,22 @@ struct MaskSpec {
     const RowSpan q = query_rows(n0, keys, len_q, len_kv);
     return tiles_of(q.begin, q.end, bm);
   }
+  // The backward's order over a key tile's query tiles t (query_tiles): step qt of a query head
+  // is tile t.first + (qt + rot) mod t.count, with rot = query_rotation(...). Key tiles whose
+  // steps cover the whole segment's query tiles (no mask bound on their side: the keys of a
+  // non-causal segment, the first ones of a bottom-right causal segment with more keys than
+  // queries) all step through the same tiles; in the same order their CTAs would add into one dQ
+  // tile at the same step, so each starts at its own tile instead (key tile k at k mod count).
+  // Elsewhere, and where the additions take turns (`ordered`: the deterministic mode, whose key
+  // tiles add in key order), rot is 0.
+  RATTN_HD static int query_rotation(TileSpan t, int key_tile, int bm, int len_q, bool ordered) {
+    const bool whole = t.first == 0 && t.count > 0 && t.count == tiles_of(0, len_q, bm).count;
+    return whole && !ordered ? key_tile % t.count : 0;
+  }
+  RATTN_HD static int rotated_tile(TileSpan t, int rot, int qt) {
+    const int r = qt + rot;
+    return t.first + (r < t.count ? r : r - t.count);
+  }
   // The forward's key tiles for query rows [m0, m0 + rows), rows >= 1: the key tiles of `bn` keys
   // that hold a key any of those rows sees (count 0 where none does).
   RATTN_HD TileSpan key_tiles(int m0, int rows, int bn, int len_q, int len_kv) const {

@@ -115,6 +115,63 @@ TEST(MaskTraversal, EveryVisiblePairIsSteppedAndTurnsRunWithoutGaps) {
   EXPECT_GT(checked, 1000);  // the loops ran over real tiles, not only empty segments
 }
 
+// The backward's step order over a key tile's query tiles (MaskSpec::query_rotation and
+// rotated_tile, what both backward kernels' loops step by): every query tile of the span once per
+// query head; where the additions take turns, or a key tile's span is not the whole segment, in
+// tile order (rot 0); and the key tiles that step through the whole segment start apart, so at
+// any step at most ceil(key tiles / query tiles) of them are on one query tile.
+TEST(MaskTraversal, RotatedStepsCoverTheSpanAndSpreadTheKeyTiles) {
+  const std::set<std::pair<int, int>> tiles = backward_tiles();
+  std::mt19937 rng(20261203);
+  int rotated = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const MaskSpec m = random_mask(rng, kLefts, kRights);
+    const int len_q = pick(rng, kLengths), len_kv = pick(rng, kLengths);
+    for (const auto& [bm, bn] : tiles) {
+      const int q_tiles = (len_q + bm - 1) / bm, k_tiles = (len_kv + bn - 1) / bn;
+      for (const bool ordered : {false, true}) {
+        const std::string what =
+            describe(m, len_q, len_kv, bm, bn) + (ordered ? ", ordered" : ", unordered");
+        // on[qt][q]: the whole-span key tiles on query tile q at step qt.
+        std::vector<std::vector<int>> on(size_t(q_tiles), std::vector<int>(size_t(q_tiles), 0));
+        int whole = 0;
+        for (int k = 0; k < k_tiles; ++k) {
+          const int n0 = k * bn, keys = std::min(bn, len_kv - n0);
+          const TileSpan t = m.query_tiles(n0, keys, bm, len_q, len_kv);
+          if (t.count == 0) continue;
+          const int rot = MaskSpec::query_rotation(t, k, bm, len_q, ordered);
+          const bool is_whole = t.first == 0 && t.count == q_tiles;
+          ASSERT_TRUE(rot >= 0 && rot < t.count) << what << ", key tile " << k;
+          if (ordered || !is_whole) {
+            ASSERT_EQ(rot, 0) << what << ", key tile " << k;
+          }
+          std::vector<int> hits(size_t(q_tiles), 0);
+          for (int qt = 0; qt < t.count; ++qt) {
+            const int q = MaskSpec::rotated_tile(t, rot, qt);
+            ASSERT_TRUE(q >= t.first && q < t.first + t.count) << what << ", key tile " << k;
+            ++hits[size_t(q)];
+            if (is_whole) ++on[size_t(qt)][size_t(q)];
+          }
+          for (int q = t.first; q < t.first + t.count; ++q) {
+            ASSERT_EQ(hits[size_t(q)], 1) << what << ", key tile " << k << ", query tile " << q;
+          }
+          whole += is_whole ? 1 : 0;
+          rotated += rot > 0 ? 1 : 0;
+        }
+        if (ordered || whole == 0) continue;
+        const int most = (whole + q_tiles - 1) / q_tiles;
+        for (int qt = 0; qt < q_tiles; ++qt) {
+          for (int q = 0; q < q_tiles; ++q) {
+            ASSERT_LE(on[size_t(qt)][size_t(q)], most)
+                << what << ": " << whole << " whole-span key tiles, step " << qt;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(rotated, 100);  // the rotation ran, not only rot 0
+}
+
 // The forward's side (MaskSpec::key_tiles, what the Plan's sm90::fwd_mean_key_tiles counts): the
 // key tiles of a query tile cover every key its rows see, and its first and last hold one.
 TEST(MaskTraversal, KeyTilesOfAQueryTileHoldEveryKeyItSees) {

@@ -17,11 +17,15 @@ namespace portable {
 
 // What one backward CTA covers: key tile tc of its segment (for one KV head), and the query tiles
 // of BM rows that see any of its keys, [m_first, m_first + m_count), for each of the GQA group's
-// query heads: steps = m_count * group.
+// query heads (in the order query_tile(0), query_tile(1), ...): steps = m_count * group.
 struct KeyTileWork {
   Segment seg;
   int n0, keys;
   int m_first, m_count, steps;
+  int m_rot;  // step qt of a query head is query tile query_tile(qt) (MaskSpec::query_rotation)
+  __device__ __forceinline__ int query_tile(int qt) const {
+    return MaskSpec::rotated_tile(TileSpan{m_first, m_count}, m_rot, qt);
+  }
 };
 template <int BM, int BN>
 __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p, const TileCoord& tc) {
@@ -33,6 +37,7 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p, const T
   w.m_first = q.first;
   w.m_count = q.count;
   w.steps = w.m_count * p.group;
+  w.m_rot = MaskSpec::query_rotation(q, tc.tile, BM, w.seg.len_q, p.locks != nullptr);
   return w;
 }
 

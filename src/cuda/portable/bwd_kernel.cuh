@@ -81,13 +81,16 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   zero(acc_dk);
   zero(acc_dv);
 
-  // Step it covers query tile m_first + it % m_count of query head hk * group + it / m_count,
-  // both kept as counters rather than divided out per step.
+  // Step it covers query tile w.query_tile(it % m_count) of query head hk * group + it / m_count,
+  // both kept as counters rather than divided out per step: the tiles run from m_start up,
+  // wrapping to m_first, and the head moves on when they are back at m_start.
   struct Step {
     int h, m_tile;
   };
+  const int m_start = w.query_tile(0);
   auto next_step = [&](Step s) {
-    return s.m_tile + 1 == m_first + m_count ? Step{s.h + 1, m_first} : Step{s.h, s.m_tile + 1};
+    const int t = s.m_tile + 1 == m_first + m_count ? m_first : s.m_tile + 1;
+    return Step{s.h + (t == m_start ? 1 : 0), t};
   };
   // A stage is loaded in two parts (dO; Q with the row statistics), so that the double-buffered
   // loop can issue each part at a different point of the step before, each warp when it gets
@@ -128,7 +131,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     const T* v = static_cast<const T*>(p.v) + p.v_layout.offset(seg.kv_row0 + n0, hk);
     load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k, p.k_layout.token_stride, keys, tid);
     load_tile_async<BN, DV, NT>(sV, L.v_pitch, v, p.v_layout.token_stride, keys, tid);
-    load_stage(Step{hk * p.group, m_first}, 0);
+    load_stage(Step{hk * p.group, m_start}, 0);
     cp_async_commit();
   }
 
@@ -138,7 +141,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   // per row.
   const int64_t dq_seg0 = p.dq_accum.offset(0, b, seg.cu_q, 0, 0);
   const int64_t dq_head_stride = p.dq_accum.head_stride();
-  Step step{hk * p.group, m_first};
+  Step step{hk * p.group, m_start};
   // Staged dQ (sm_90): the tile a step writes into shared memory is added into the scratch by
   // thread 0 after the next CTA barrier, when every warp's part is in: its first element's offset
   // in the scratch and its rows (0: none pending).

@@ -190,10 +190,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         zero_rows(smem + L.v, BN, DV / PANEL, keys);
         __syncwarp();  // every lane has seen the phase before lane 0 can start the next
       }
-      // Step it is query tile m_first + it % m_count of the group's head it / m_count (qt, qh:
-      // counted, not divided, every step).
-      for (int it = 0, qt = 0, qh = 0; it < n_it;
-           ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == 0) {
+      // Step it is query tile w.query_tile(it % m_count) of the group's head it / m_count: the
+      // tile m_first + qt and the head qh counted, not divided, every step (qt from the rotation
+      // m_rot on, wrapping at m_count; the head moves on when qt is back at m_rot).
+      for (int it = 0, qt = w.m_rot, qh = 0; it < n_it;
+           ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == w.m_rot) {
         const int s = it % STAGES;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
         const int h = hk * p.group + qh;
@@ -242,9 +243,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     } else if (!DQ_REGS && warp == 1 && lane == 0) {
       // ---- dQ: each step's tile, rows [m0, m0 + BM) of head h, into the scratch.
-      for (int it = 0; it < n_it; ++it) {
-        const int h = hk * p.group + it / m_count;
-        const int m_tile = m_first + it % m_count;
+      for (int it = 0, qt = w.m_rot, qh = 0; it < n_it;
+           ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == w.m_rot) {
+        const int h = hk * p.group + qh;  // as warp 0 counts them
+        const int m_tile = m_first + qt;
         const int m0 = m_tile * BM;
         // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
         // they hold, land in its own slot's last tile and are never read).
@@ -390,11 +392,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
     if (n_it > 0) mbar_wait(kv_full, 0);
-    for (int it = 0, qt = 0, qh = 0; it < n_it;
-         ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == 0) {
+    for (int it = 0, qt = w.m_rot, qh = 0; it < n_it;
+         ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == w.m_rot) {
       const int buf = it % STAGES;
       mbar_wait(&full[buf], (it / STAGES) & 1);
-      const int m0 = (m_first + qt) * BM;  // qt = it % m_count
+      const int m0 = (m_first + qt) * BM;  // as warp 0 counts them
       // dS^T buffer: key split, alternating steps where there are two (both warpgroups read both
       // halves); column split, this warpgroup's own copy.
       const int ds_buf = SPLIT ? c : L.ds_buffers == 2 ? (it & 1) : 0;

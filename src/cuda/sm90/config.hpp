@@ -237,8 +237,8 @@ RATTN_HD constexpr bool bwd_dq_claimed(bool dq_regs, bool deterministic) {
 }
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv, bool dq_regs) {
   return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 2, 24, 240}
-         : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 32, 232}
-                                      : BwdConfig{64, 64, 2, dq_regs ? 2 : 1, 32, 232};
+         : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 40, 232}
+                                      : BwdConfig{64, 64, 2, dq_regs ? 2 : 1, 40, 232};
 }
 constexpr BwdConfig kBwd = bwd_config(128, 128, false);
 constexpr BwdConfig kBwdColumnSplit = bwd_config(256, 256, false);
