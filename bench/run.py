@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 from workloads import D, HKV, HQ, WORKLOADS, bwd_flops, fwd_flops  # noqa: E402
 
 # Anchor names in the anchor scripts' JSON -> names in our report.
@@ -114,7 +115,10 @@ def combine_runs(runs):
 
 def run_anchor(script, timeout):
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, OUT=tmp, PYTHONUNBUFFERED="1")
+        # The anchors import workloads.py from their own folder; this folder's copy goes on the
+        # path after it, so anchor scripts copied alone (to a GPU machine) still find it.
+        path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), HERE) if p)
+        env = dict(os.environ, OUT=tmp, PYTHONUNBUFFERED="1", PYTHONPATH=path)
         r = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
                            timeout=timeout)
         outs = [f for f in os.listdir(tmp) if f.endswith(".json")]
@@ -252,10 +256,20 @@ def regime_str(args):
     return s
 
 
+def timed(r, d):
+    """Whether direction d of result r holds a time: an anchor that derives its backward's time as
+    a difference of wall-clock times (the JAX anchors: (forward + backward) - forward) can report a
+    time <= 0 on tiny workloads, whose rate is no measurement."""
+    ms = r.get(f"{d}_ms")
+    return f"{d}_tflops" in r and (ms is None or ms > 0)
+
+
 def rate_cell(r, d):
     """A direction's TFLOP/s for the table: the median, and where several processes ran the
     variant (--processes), their range after it, so a table shows the spread between processes
-    that one process's median cannot."""
+    that one process's median cannot; "n/a" where the result holds no time (timed)."""
+    if not timed(r, d):
+        return "n/a"
     cell = f"{r[f'{d}_tflops']:.0f}"
     runs = r.get(f"{d}_ms_runs")
     if runs and len(runs) > 1:
@@ -288,6 +302,9 @@ def table(report):
             else:
                 cells.append(f"{rate_cell(r, 'fwd')} / {rate_cell(r, 'bwd')}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any("n/a" in line for line in lines[5:]):
+        lines += ["", "n/a: the implementation reported a time <= 0 for that direction (the JAX "
+                  "anchors take the backward's as a difference of wall-clock times)."]
     return "\n".join(lines) + "\n"
 
 
@@ -301,7 +318,9 @@ def chart(report, path):
     width = 0.8 / max(1, len(impls))
     for ax, key, title in ((axes[0], "fwd_tflops", "forward"), (axes[1], "bwd_tflops", "backward")):
         for n, impl in enumerate(impls):
-            vals = [report["workloads"][w].get(impl, {}).get(key, 0) for w in names]
+            d = key.split("_")[0]
+            vals = [r[key] if timed(r, d) else 0
+                    for r in (report["workloads"][w].get(impl, {}) for w in names)]
             ax.bar([x + n * width for x in range(len(names))], vals, width, label=impl)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
         ax.set_xticklabels(names, rotation=20, fontsize=8)

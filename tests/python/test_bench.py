@@ -88,3 +88,27 @@ def test_timing_options_default_to_the_anchors_regime():
     assert run.timing_kwargs(args) == dict(pause_ms=0, warmup_ms=50, min_ms=200, l2_flush_mb=256)
     short = ap.parse_args(["--warmup-ms", "0", "--min-ms", "0", "--l2-flush-mb", "0"])
     assert run.regime_str(short) == "1 warm-up call, 10 timed calls"
+
+
+def test_a_time_that_is_not_positive_is_no_rate():
+    # The JAX anchors take the backward's time as (forward + backward) - forward by wall clock,
+    # which a tiny workload can make negative: 2026-12-03's table printed 459 407 TFLOP/s for it.
+    anchor = {"fwd_ms": 0.30, "bwd_ms": -0.05, "fwd_tflops": 0.61, "bwd_tflops": 459407.4}
+    report = {"date": "d", "meta": {}, "workloads": {"w": {"anchor": anchor,
+                                                           "ours": _result(2.0, 8.0)}}}
+    md = run.table(report)
+    row = [line for line in md.splitlines() if line.startswith("| w |")][0]
+    assert row == "| w | 1 / n/a | 500 / 312 |"
+    assert "n/a: the implementation reported a time <= 0" in md
+    assert run.timed(anchor, "fwd") and not run.timed(anchor, "bwd")
+    assert run.timed({"bwd_tflops": 3.0}, "bwd")  # a rate without a time is taken as given
+
+
+def test_anchor_scripts_find_the_workloads_beside_run_py(tmp_path):
+    # An anchor script copied alone into a folder (as onto a GPU machine) imports workloads.py.
+    (tmp_path / "probe.py").write_text(
+        "import json, os\nfrom workloads import WORKLOADS\n"
+        "json.dump({'workloads': {n: {} for n in WORKLOADS}},"
+        " open(os.path.join(os.environ['OUT'], 'r.json'), 'w'))\n")
+    data = run.run_anchor(str(tmp_path / "probe.py"), timeout=60)
+    assert set(data["workloads"]) == set(run.WORKLOADS)
