@@ -104,8 +104,8 @@ std::vector<CaseSpec> named_suite(int32_t hq, int32_t hkv) {
     s.push_back(c);
   }
   s.push_back(base("non_causal", {100, 80, 76}, hq, hkv));
-  // Several key tiles that each see every query tile of their segment, so the backward's key
-  // tiles all add into the same dQ tiles (and, claimed, wait on one another's first stores).
+  // Several key tiles that each see every query tile of their segment: the backward starts each
+  // at its own query tile (MaskSpec::query_rotation), and all of them add into every dQ tile.
   s.push_back(base("non_causal_long", {517, 1, 300}, hq, hkv));
   {
     // A cap close to the scores' spread (they are ~N(0, 1) here), so tanh is far from linear.
