@@ -1,7 +1,7 @@
 // One kernel launch from a Plan's LaunchShape: opt in to its dynamic shared memory, then launch
-// grid (shape.tiles, grid_y) with shape.threads threads, or (shape.item_ctas, 1) for a persistent
-// kernel that takes the same tiles x grid_y work items from a counter. Every CUDA path launches
-// through this.
+// shape.grid(grid_y) with shape.threads threads: (shape.tiles, grid_y), or (shape.item_ctas, 1)
+// for a persistent kernel that takes the same tiles x grid_y work items from a counter. Every CUDA
+// path launches through this.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,8 +17,8 @@ cudaError_t launch_kernel(void (*kernel)(Params), const LaunchShape& shape, int 
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(shape.smem_bytes));
   if (e != cudaSuccess) return e;
-  const dim3 grid = shape.item_ctas > 0 ? dim3(unsigned(shape.item_ctas), 1u)
-                                        : dim3(unsigned(shape.tiles), unsigned(grid_y));
+  const LaunchShape::Grid g = shape.grid(grid_y);  // within the device's limits (make_plan)
+  const dim3 grid(unsigned(g.x), unsigned(g.y));
   kernel<<<grid, shape.threads, shape.smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }

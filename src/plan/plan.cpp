@@ -267,6 +267,28 @@ Status choose_path(PlanData* d) {
   return invalid_value("make_plan", "backend=", int(p.backend), " is not a backend");
 }
 
+// The main kernels' grids (LaunchShape::grid, as cuda::launch_kernel launches them) within CUDA's
+// limits: x < 2^31, y < 2^16.
+Status check_grids(const PlanData& d) {
+  if (d.path == Path::Cpu) return Status::Ok();
+  const Problem& p = d.problem;
+  const struct {
+    const char* direction;
+    const LaunchShape& shape;
+    int heads;
+  } launches[] = {{"forward", d.fwd, p.num_heads_q}, {"backward", d.bwd, p.num_heads_kv}};
+  for (const auto& l : launches) {
+    const LaunchShape::Grid g = l.shape.grid(l.heads);
+    if (g.x > 2147483647 || g.y > 65535) {
+      return not_supported("make_plan", "the ", l.direction, " kernel's grid would be (", g.x, ", ",
+                           g.y, ") CTAs (total tokens q=", p.total_q, ", kv=", p.total_kv,
+                           ", num_heads_q=", p.num_heads_q, ", num_heads_kv=", p.num_heads_kv,
+                           "); CUDA allows at most (2147483647, 65535)");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool built_with_cuda() {
@@ -331,6 +353,7 @@ Status make_plan(const Problem& problem, const DeviceCaps& caps, Plan* plan) {
   d->mask.right = p.mask == RATTN_MASK_CAUSAL ? 0 : p.window_right;
   d->mask.bottom_right = p.alignment == RATTN_ALIGN_BOTTOM_RIGHT;
   RATTN_RETURN_IF_ERROR(choose_path(d.get()));
+  RATTN_RETURN_IF_ERROR(check_grids(*d));
   *plan = Plan(std::move(d));
   return Status::Ok();
 }

@@ -75,6 +75,13 @@ struct LaunchShape {
   // Portable: sm_90, fp32 scratch, atomic mode. Hopper: sm90::bwd_dq_from_registers's answer,
   // negated; the Hopper kernel it selects has the shared memory and stages of this shape.
   bool dq_staged = false;
+
+  // The launch's grid for grid_y heads (the forward's query heads, the backward's KV heads):
+  // cuda::launch_kernel launches it, make_plan checks it against the device's grid limits.
+  struct Grid {
+    int64_t x, y;
+  };
+  Grid grid(int grid_y) const { return item_ctas > 0 ? Grid{item_ctas, 1} : Grid{tiles, grid_y}; }
 };
 
 struct PlanData {

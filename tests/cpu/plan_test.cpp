@@ -366,6 +366,22 @@ TEST(PlanPath, HopperBackwardColumnsCoverEachTensorOnce) {
   }
 }
 
+// More heads than a grid's y dimension takes (65535): an error naming the grid, not a launch
+// that fails.
+TEST(PlanPath, GridBeyondCudaLimitsIsAnError) {
+  if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
+  Problem p = small_problem(RATTN_BACKEND_CUDA_PORTABLE);
+  p.num_heads_q = p.num_heads_kv = 70000;
+  Plan plan;
+  const Status s = make_plan(p, fake_hopper_caps(), &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("kernel's grid would be ("));
+  EXPECT_THAT(s.message(), HasSubstr("num_heads_q=70000"));
+  EXPECT_THAT(s.message(), HasSubstr("at most (2147483647, 65535)"));
+  p.num_heads_q = p.num_heads_kv = 60000;  // within the limits
+  EXPECT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+}
+
 TEST(PlanPath, ForcedHopperPathSaysWhyNot) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "CPU-only build";
   Problem d96 = small_problem(RATTN_BACKEND_CUDA_SM90);
