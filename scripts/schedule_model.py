@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""A list-scheduling model of the Hopper backward's grid: how much of a launch its last wave costs.
+
+    python3 scripts/schedule_model.py [--sms 132] [--overhead 6]
+
+The backward runs one CTA per (key tile, KV head), one CTA per SM at a time; the block scheduler
+hands each free SM the next CTA in launch order. A CTA costs its query steps (its key tile's query
+tiles x the GQA group's query heads: portable::key_tile_work) plus a fixed overhead (start-up and
+the dK/dV epilogue, in steps). The model takes every step as equally long, so it measures the order
+alone: the makespan over its lower bound (all work spread evenly over the SMs, or the largest CTA)
+for
+
+- heads outer: grid (tiles, KV heads), the key tiles in bwd_lpt_schedule's order (segments with the
+  most work first, a segment's tiles together and in order), every KV head after the one before;
+- heads inner: the same tile order with a tile's KV heads as consecutive CTAs
+  (bench/results/ab-2026-12-03-bwd-heads-inner.patch), so the order holds across the heads;
+- LPT: every CTA sorted by its steps (a bound for any order).
+
+The standard workloads come from bench/workloads.py, the tile shape from the D = 128 kernel
+(64 query rows x 128 keys). docs/PERFORMANCE.md item 98 has what it predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from workloads import HKV, HQ, WORKLOADS  # noqa: E402
+
+BLOCK_M, BLOCK_N = 64, 128  # sm90::bwd_config(128, 128): query rows per step, keys per CTA
+
+
+def key_tiles(lens, causal, group=HQ // HKV):
+    """(segment, key tile, steps) in tile-map order, len_q = len_kv per segment (top-left causal:
+    key tile k's queries start at row k * BLOCK_N)."""
+    out = []
+    for s, n in enumerate(lens):
+        q_tiles = math.ceil(n / BLOCK_M)
+        for k in range(math.ceil(n / BLOCK_N)):
+            first = (k * BLOCK_N) // BLOCK_M if causal else 0
+            out.append((s, k, (q_tiles - first) * group))
+    return out
+
+
+def schedule_order(tiles):
+    """bwd_lpt_schedule's order: a stable sort by the segment's first key tile's steps, descending."""
+    first = {s: steps for s, k, steps in tiles if k == 0}
+    return sorted(tiles, key=lambda t: -first[t[0]])
+
+
+def makespan(costs, sms):
+    """Each CTA, in launch order, to the SM that frees first."""
+    free = [0.0] * sms
+    end = 0.0
+    for c in costs:
+        t = heapq.heappop(free) + c
+        end = max(end, t)
+        heapq.heappush(free, t)
+    return end
+
+
+def orders(lens, causal, heads_kv=HKV, overhead=6.0):
+    """Each order's CTA costs, in launch order."""
+    ordered = schedule_order(key_tiles(lens, causal))
+    outer = [steps + overhead for _ in range(heads_kv) for _, _, steps in ordered]
+    inner = [steps + overhead for _, _, steps in ordered for _ in range(heads_kv)]
+    return {"heads outer": outer, "heads inner": inner, "LPT": sorted(inner, reverse=True)}
+
+
+def tail(costs, sms):
+    """The makespan over its lower bound (the work spread evenly over the SMs, or the largest
+    CTA where that is longer), minus 1."""
+    return makespan(costs, sms) / max(sum(costs) / sms, max(costs)) - 1.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--overhead", type=float, default=6.0, help="a CTA's fixed cost, in steps")
+    args = ap.parse_args()
+    print(f"{args.sms} SMs, a CTA = its steps + {args.overhead}; the last wave's cost "
+          "(the makespan over its lower bound, minus 1):")
+    for name, (lens, causal) in WORKLOADS.items():
+        cells = ", ".join(f"{k} {100 * tail(c, args.sms):.1f}%"
+                          for k, c in orders(lens, causal, overhead=args.overhead).items())
+        print(f"  {name:20s} {cells}")
+
+
+if __name__ == "__main__":
+    main()
