@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A list-scheduling model of the Hopper backward's grid: how much of a launch its last wave costs.
+"""A list-scheduling model of the Hopper kernels' grids: how much of a launch its last wave costs.
 
-    python3 scripts/schedule_model.py [--sms 132] [--overhead 6]
+    python3 scripts/schedule_model.py [--sms 132] [--overhead 6] [--fwd-overhead 1]
 
 The backward runs one CTA per (key tile, KV head), one CTA per SM at a time; the block scheduler
 hands each free SM the next CTA in launch order. A CTA costs its query steps (its key tile's query
@@ -13,8 +13,12 @@ for
 - heads outer: grid (tiles, KV heads), the key tiles in bwd_lpt_schedule's order (segments with the
   most work first, a segment's tiles together and in order), every KV head after the one before;
 - heads inner: the same tile order with a tile's KV heads as consecutive CTAs
-  (bench/results/ab-2026-12-03-bwd-heads-inner.patch), so the order holds across the heads;
+  (bench/results/ab-2026-12-03-heads-inner.patch), so the order holds across the heads;
 - LPT: every CTA sorted by its steps (a bound for any order).
+
+The forward's grid kernel (one CTA per (query tile, query head), a CTA = its key tiles + an
+overhead) the same way: query heads outer (grid (tiles, query heads)), a tile's GQA group inner
+(grid (tiles x group, KV heads), the same patch), and that with the tiles longest first.
 
 The standard workloads come from bench/workloads.py, the tile shape from the D = 128 kernel
 (64 query rows x 128 keys). docs/PERFORMANCE.md item 98 has what it predicted.
@@ -71,6 +75,33 @@ def orders(lens, causal, heads_kv=HKV, overhead=6.0):
     return {"heads outer": outer, "heads inner": inner, "LPT": sorted(inner, reverse=True)}
 
 
+FWD_BLOCK = 128  # sm90::fwd_config(128, 128): query rows and keys per tile
+
+
+def query_tiles(lens, causal):
+    """The forward grid kernel's items of one head in launch order (the tile map's reversed: the
+    last segment first, a segment's heaviest causal tiles first): each one's key tiles."""
+    out = []
+    for n in lens:
+        keys = math.ceil(n / FWD_BLOCK)
+        out += [min(i + 1, keys) if causal else keys for i in range(math.ceil(n / FWD_BLOCK))]
+    return out[::-1]
+
+
+def fwd_orders(lens, causal, heads_q=HQ, heads_kv=HKV, overhead=1.0):
+    """The forward grid kernel's CTA costs (key tiles + overhead), in launch order: query heads
+    outer (grid (tiles, query heads)), a tile's GQA group inner (grid (tiles x group, KV heads)),
+    and that with the tiles longest first across segments (a schedule the forward lacks)."""
+    items = query_tiles(lens, causal)
+    group = heads_q // heads_kv
+    return {
+        "query heads outer": [c + overhead for _ in range(heads_q) for c in items],
+        "group inner": [c + overhead for _ in range(heads_kv) for c in items for _ in range(group)],
+        "group inner, longest first": [c + overhead for _ in range(heads_kv)
+                                       for c in sorted(items, reverse=True) for _ in range(group)],
+    }
+
+
 def tail(costs, sms):
     """The makespan over its lower bound (the work spread evenly over the SMs, or the largest
     CTA where that is longer), minus 1."""
@@ -80,13 +111,21 @@ def tail(costs, sms):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sms", type=int, default=132)
-    ap.add_argument("--overhead", type=float, default=6.0, help="a CTA's fixed cost, in steps")
+    ap.add_argument("--overhead", type=float, default=6.0,
+                    help="a backward CTA's fixed cost, in query steps")
+    ap.add_argument("--fwd-overhead", type=float, default=1.0,
+                    help="a forward CTA's fixed cost, in key tiles")
     args = ap.parse_args()
     print(f"{args.sms} SMs, a CTA = its steps + {args.overhead}; the last wave's cost "
           "(the makespan over its lower bound, minus 1):")
     for name, (lens, causal) in WORKLOADS.items():
         cells = ", ".join(f"{k} {100 * tail(c, args.sms):.1f}%"
                           for k, c in orders(lens, causal, overhead=args.overhead).items())
+        print(f"  {name:20s} {cells}")
+    print(f"The forward's grid kernel, a CTA = its key tiles + {args.fwd_overhead}:")
+    for name, (lens, causal) in WORKLOADS.items():
+        cells = ", ".join(f"{k} {100 * tail(c, args.sms):.1f}%"
+                          for k, c in fwd_orders(lens, causal, overhead=args.fwd_overhead).items())
         print(f"  {name:20s} {cells}")
 
 

@@ -34,3 +34,16 @@ def test_makespan_is_list_scheduling_in_launch_order():
     # The heaviest last: it starts when the first SM frees.
     assert m.makespan([1, 1, 4], sms=2) == 5
     assert m.tail([1, 1, 4], sms=2) == 5 / 4 - 1
+
+
+def test_forward_items_and_orders():
+    # 300 tokens, causal: query tiles of 128 rows see 1, 2, 3 key tiles; launched last first.
+    assert m.query_tiles([300], causal=True) == [3, 2, 1]
+    assert m.query_tiles([300, 100], causal=False) == [1, 3, 3, 3]
+    o = m.fwd_orders([1356, 4918, 772], causal=True, heads_q=8, heads_kv=2, overhead=1)
+    runs = list(o.values())
+    assert all(sorted(r) == sorted(runs[0]) for r in runs)
+    assert len(runs[0]) == 8 * len(m.query_tiles([1356, 4918, 772], True))
+    # A tile's group of four query heads is four consecutive CTAs of the same cost.
+    inner = o["group inner"]
+    assert all(len(set(inner[i:i + 4])) == 1 for i in range(0, len(inner), 4))
