@@ -268,7 +268,8 @@ Status choose_path(PlanData* d) {
 }
 
 // The main kernels' grids (LaunchShape::grid, as cuda::launch_kernel launches them) within CUDA's
-// limits: x < 2^31, y < 2^16.
+// limits.
+constexpr int64_t kMaxGridX = 2147483647, kMaxGridY = 65535;
 Status check_grids(const PlanData& d) {
   if (d.path == Path::Cpu) return Status::Ok();
   const Problem& p = d.problem;
@@ -279,11 +280,11 @@ Status check_grids(const PlanData& d) {
   } launches[] = {{"forward", d.fwd, p.num_heads_q}, {"backward", d.bwd, p.num_heads_kv}};
   for (const auto& l : launches) {
     const LaunchShape::Grid g = l.shape.grid(l.heads);
-    if (g.x > 2147483647 || g.y > 65535) {
+    if (g.x > kMaxGridX || g.y > kMaxGridY) {
       return not_supported("make_plan", "the ", l.direction, " kernel's grid would be (", g.x, ", ",
                            g.y, ") CTAs (total tokens q=", p.total_q, ", kv=", p.total_kv,
                            ", num_heads_q=", p.num_heads_q, ", num_heads_kv=", p.num_heads_kv,
-                           "); CUDA allows at most (2147483647, 65535)");
+                           "); CUDA allows at most (", kMaxGridX, ", ", kMaxGridY, ")");
     }
   }
   return Status::Ok();
