@@ -26,6 +26,13 @@ struct KeyTileWork {
   __device__ __forceinline__ int query_tile(int qt) const {
     return MaskSpec::rotated_tile(TileSpan{m_first, m_count}, m_rot, qt);
   }
+  // The next step's (tile, head) counted, not divided: qt from the rotation m_rot on, wrapping
+  // at m_count; the head qh moves on when qt is back at m_rot. Every loop over a CTA's steps
+  // counts through this one helper, so its producers and consumers agree step by step.
+  __device__ __forceinline__ void next_step(int& qt, int& qh) const {
+    qt = qt + 1 == m_count ? 0 : qt + 1;
+    qh += qt == m_rot;
+  }
 };
 template <int BM, int BN>
 __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p, const TileCoord& tc) {

@@ -191,10 +191,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         __syncwarp();  // every lane has seen the phase before lane 0 can start the next
       }
       // Step it is query tile w.query_tile(it % m_count) of the group's head it / m_count: the
-      // tile m_first + qt and the head qh counted, not divided, every step (qt from the rotation
-      // m_rot on, wrapping at m_count; the head moves on when qt is back at m_rot).
-      for (int it = 0, qt = w.m_rot, qh = 0; it < n_it;
-           ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == w.m_rot) {
+      // tile m_first + qt and the head qh, counted by w.next_step (as every loop here counts).
+      for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
         const int s = it % STAGES;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
         const int h = hk * p.group + qh;
@@ -243,8 +241,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     } else if (!DQ_REGS && warp == 1 && lane == 0) {
       // ---- dQ: each step's tile, rows [m0, m0 + BM) of head h, into the scratch.
-      for (int it = 0, qt = w.m_rot, qh = 0; it < n_it;
-           ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == w.m_rot) {
+      for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
         const int h = hk * p.group + qh;  // as warp 0 counts them
         const int m_tile = m_first + qt;
         const int m0 = m_tile * BM;
@@ -392,8 +389,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
     if (n_it > 0) mbar_wait(kv_full, 0);
-    for (int it = 0, qt = w.m_rot, qh = 0; it < n_it;
-         ++it, qt = qt + 1 == m_count ? 0 : qt + 1, qh += qt == w.m_rot) {
+    for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
       const int buf = it % STAGES;
       mbar_wait(&full[buf], (it / STAGES) & 1);
       const int m0 = (m_first + qt) * BM;  // as warp 0 counts them
