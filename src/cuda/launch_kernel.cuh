@@ -1,5 +1,6 @@
 // One kernel launch from a Plan's LaunchShape: opt in to its dynamic shared memory, then launch
-// shape.grid(grid_y) with shape.threads threads: (shape.tiles, grid_y), or (shape.item_ctas, 1)
+// shape.grid(grid_y) with shape.threads threads: (shape.tiles, grid_y), (shape.tiles * n,
+// grid_y / n) where n heads are the inner index (LaunchShape::inner_heads), or (shape.item_ctas, 1)
 // for a persistent kernel that takes the same tiles x grid_y work items from a counter. Every CUDA
 // path launches through this.
 #pragma once

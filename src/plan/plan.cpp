@@ -200,6 +200,8 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, persistent).bytes,
                          tiles};
     d->fwd.item_ctas = ctas;
+    // The grid kernel: a query tile's GQA group launches together (the kernel takes grid_slot's).
+    d->fwd.inner_heads = persistent ? 0 : p.num_heads_q / p.num_heads_kv;
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     // Each step's dQ through a shared-memory tile (bulk reduce-adds by warp 1) or from the
@@ -215,6 +217,9 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          sm90::bwd_smem(p.head_dim_qk, p.head_dim_v, dq_regs).bytes,
                          RaggedTiles::bound(p.total_kv, p.batch, c.block_n)};
     d->bwd.dq_staged = !dq_regs;
+    // A key tile's KV heads launch together, so the schedule's longest-first order holds over
+    // every head (bwd_lpt_schedule orders the key tiles; the kernel takes grid_slot's).
+    d->bwd.inner_heads = p.num_heads_kv;
   }
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/dq_accum_layout.hpp"
@@ -75,14 +76,37 @@ struct LaunchShape {
   // Portable: sm_90, fp32 scratch, atomic mode. Hopper: sm90::bwd_dq_from_registers's answer,
   // negated; the Hopper kernel it selects has the shared memory and stages of this shape.
   bool dq_staged = false;
+  // The grid kernel's CTAs over (tile, head). 0: grid (tiles, heads), CTA (x, y) on tile x and
+  // head y, so the heads run one after the other. n > 0 (n divides the heads): grid
+  // (tiles * n, heads / n), CTA (x, y) on grid_slot(x, y, n): n heads of one tile launch
+  // together, so an order of the tiles holds across them. The Hopper backward takes every KV head
+  // (its longest-first schedule then holds over all heads, and its last wave is the lightest
+  // tiles of every head, not all of the last head's), the Hopper forward's grid kernel a KV
+  // head's query heads (they read the same K/V tiles at once).
+  int inner_heads = 0;
 
   // The launch's grid for grid_y heads (the forward's query heads, the backward's KV heads):
   // cuda::launch_kernel launches it, make_plan checks it against the device's grid limits.
   struct Grid {
     int64_t x, y;
   };
-  Grid grid(int grid_y) const { return item_ctas > 0 ? Grid{item_ctas, 1} : Grid{tiles, grid_y}; }
+  Grid grid(int grid_y) const {
+    return item_ctas > 0     ? Grid{item_ctas, 1}
+           : inner_heads > 0 ? Grid{tiles * inner_heads, grid_y / inner_heads}
+                             : Grid{tiles, grid_y};
+  }
 };
+
+// CTA (x, y)'s tile index and head under LaunchShape::inner_heads = n: x = tile * n + head % n,
+// y = head / n, the grid LaunchShape::grid launches. 32-bit: make_plan keeps the grid under 2^31
+// CTAs.
+struct GridSlot {
+  int64_t tile;
+  int head;
+};
+RATTN_HD GridSlot grid_slot(uint32_t x, uint32_t y, uint32_t n) {
+  return GridSlot{int64_t(x / n), int(y * n + x % n)};
+}
 
 struct PlanData {
   Problem problem;  // validated, defaults resolved

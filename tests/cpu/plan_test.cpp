@@ -366,6 +366,60 @@ TEST(PlanPath, HopperBackwardColumnsCoverEachTensorOnce) {
   }
 }
 
+// The grids' inner heads (LaunchShape::inner_heads): the Hopper backward launches a key tile's KV
+// heads as consecutive CTAs (its schedule's longest-first order then holds over all heads), the
+// Hopper forward's grid kernel a query tile's GQA group, the portable kernels and the persistent
+// forward none. Each grid covers every (tile, head) once through the slots the kernels read.
+void expect_slots_cover_once(const LaunchShape& shape, int heads) {
+  const LaunchShape::Grid g = shape.grid(heads);
+  const int n = shape.inner_heads;
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(g.x, shape.tiles * n);
+  EXPECT_EQ(g.y, heads / n);
+  std::vector<int> seen(size_t(shape.tiles * heads), 0);
+  for (int64_t y = 0; y < g.y; ++y) {
+    for (int64_t x = 0; x < g.x; ++x) {
+      const GridSlot s = grid_slot(uint32_t(x), uint32_t(y), uint32_t(n));
+      ASSERT_GE(s.tile, 0);
+      ASSERT_LT(s.tile, shape.tiles);
+      ASSERT_GE(s.head, 0);
+      ASSERT_LT(s.head, heads);
+      EXPECT_EQ(s.tile, x / n);  // a tile's n heads are consecutive CTAs
+      EXPECT_EQ(s.head / n, y);
+      ++seen[size_t(s.tile * heads + s.head)];
+    }
+  }
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+}
+
+TEST(PlanPath, GridsLaunchTheirInnerHeadsTogether) {
+  if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
+  Problem p = long_problem(RATTN_BACKEND_CUDA_SM90);
+  p.num_heads_q = 12;
+  p.num_heads_kv = 3;
+  Plan plan;
+  ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
+  ASSERT_EQ(plan.data().fwd.item_ctas, 0);  // 16k-token documents: the grid forward
+  EXPECT_EQ(plan.data().bwd.inner_heads, p.num_heads_kv);
+  EXPECT_EQ(plan.data().fwd.inner_heads, p.num_heads_q / p.num_heads_kv);
+  expect_slots_cover_once(plan.data().bwd, p.num_heads_kv);
+  expect_slots_cover_once(plan.data().fwd, p.num_heads_q);
+  Plan portable;
+  ASSERT_TRUE(
+      make_plan(long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps(), &portable).ok());
+  for (const LaunchShape* s : {&portable.data().fwd, &portable.data().bwd}) {
+    EXPECT_EQ(s->inner_heads, 0);
+    EXPECT_EQ(s->grid(2).x, s->tiles);
+    EXPECT_EQ(s->grid(2).y, 2);
+  }
+  Problem short_docs = p;  // the persistent forward: one CTA per SM
+  short_docs.max_seqlen_q = short_docs.max_seqlen_kv = 300;
+  ASSERT_TRUE(make_plan(short_docs, fake_hopper_caps(), &plan).ok());
+  ASSERT_GT(plan.data().fwd.item_ctas, 0);
+  EXPECT_EQ(plan.data().fwd.inner_heads, 0);
+  EXPECT_EQ(plan.data().fwd.grid(p.num_heads_q).y, 1);
+}
+
 // More heads than a grid's y dimension takes (65535): an error naming the grid, not a launch
 // that fails.
 TEST(PlanPath, GridBeyondCudaLimitsIsAnError) {

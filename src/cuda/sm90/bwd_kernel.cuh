@@ -109,11 +109,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
-  // The key tile: the schedule's x-th (most work first) where the Plan made one.
+  // The CTA's key tile and KV head (the Plan's LaunchShape::inner_heads, every KV head: a tile's
+  // heads are consecutive CTAs); the key tile is the schedule's slot.tile-th (most work first)
+  // where the Plan made one.
+  const GridSlot slot = grid_slot(blockIdx.x, blockIdx.y, uint32_t(p.heads_q / p.group));
   const TileCoord tc =
-      p.schedule != nullptr ? p.schedule[blockIdx.x] : p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
+      p.schedule != nullptr ? p.schedule[slot.tile] : p.kv_tiles.locate(slot.tile, p.segs.cu_kv);
   if (tc.segment < 0) return;
-  const int b = tc.segment, hk = blockIdx.y;
+  const int b = tc.segment, hk = slot.head;
   const portable::KeyTileWork w = portable::key_tile_work<BM, BN>(p, tc);
   const Segment& seg = w.seg;
   const int n0 = w.n0, keys = w.keys, m_first = w.m_first, m_count = w.m_count, n_it = w.steps;

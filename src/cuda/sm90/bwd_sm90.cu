@@ -28,6 +28,8 @@ struct BwdLauncher {
   cudaStream_t s;
   template <class T, int DQK, int DV>
   cudaError_t operator()() const {
+    // The kernel reads its (key tile, KV head) as grid_slot's, the grid make_plan gave it.
+    if (d.bwd.inner_heads != d.problem.num_heads_kv) return cudaErrorInvalidConfiguration;
     constexpr sm90::BwdConfig c = sm90::bwd_config(DQK, DV, false);
     if (a.p.schedule != nullptr) {
       sm90::bwd_lpt_schedule<c.block_m, c.block_n><<<1, sm90::kScheduleThreads, 0, s>>>(

@@ -558,8 +558,8 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   return n_tiles;
 }
 
-// One CTA per work item: grid (tiles, heads), the tile index from the last (heaviest causal
-// tiles first).
+// One CTA per work item: grid (tiles x group, KV heads), the tile index from the last (heaviest
+// causal tiles first).
 template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_kernel(const __grid_constant__ FwdTmaParams args) {
@@ -581,9 +581,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
-  const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
+  // The query tile and head (the Plan's LaunchShape::inner_heads, a KV head's query heads: the
+  // group's CTAs of one tile are consecutive and read the same K/V tiles at about the same time).
+  const GridSlot slot = grid_slot(blockIdx.x, blockIdx.y, uint32_t(p.group));
+  const int64_t tiles = gridDim.x / p.group;
+  const TileCoord tc = p.tiles.locate(tiles - 1 - slot.tile, p.segs.cu_q);
   if (tc.segment < 0) return;
-  const int h = blockIdx.y, hk = h / p.group;
+  const int h = slot.head, hk = h / p.group;
   const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
   const Segment seg = w.seg;
   const int m0 = w.m0, key_lo = w.key_lo, key_hi = w.key_hi;

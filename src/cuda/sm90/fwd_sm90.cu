@@ -24,6 +24,10 @@ struct FwdLauncher {
   template <class T, int DQK, int DV>
   cudaError_t operator()() const {
     const int hq = d.problem.num_heads_q;
+    // The grid kernel reads its (query tile, head) as grid_slot's over a GQA group.
+    if (d.fwd.item_ctas == 0 && d.fwd.inner_heads != hq / d.problem.num_heads_kv) {
+      return cudaErrorInvalidConfiguration;
+    }
     return d.fwd.item_ctas > 0
                ? launch_kernel(sm90::fwd_persistent_kernel<T, DQK, DV>, d.fwd, hq, a, s)
                : launch_kernel(sm90::fwd_kernel<T, DQK, DV>, d.fwd, hq, a, s);
