@@ -18,6 +18,21 @@ struct TileCoord {
   int32_t tile;     // tile index within the segment
 };
 
+// A tile and the head a CTA takes it for: the Hopper backward's schedule entries (key tile, KV
+// head; sm90/schedule.cuh).
+struct HeadTile {
+  TileCoord tc;
+  int32_t head;
+};
+
+// Where the schedule puts head h of key tile k of a segment whose K key tiles sort to positions
+// [first, first + K) of the key-tile order: the segment's CTAs take positions [first * heads,
+// (first + K) * heads), tile by tile with its heads together (interleaved) or head by head.
+// Either way a permutation of the segment's range (tests/cpu: ScheduleSlots).
+RATTN_HD int64_t schedule_slot(int64_t first, int k, int K, int h, int heads, bool interleaved) {
+  return first * heads + (interleaved ? int64_t(k) * heads + h : int64_t(h) * K + k);
+}
+
 struct RaggedTiles {
   int32_t tile_rows;
   int32_t batch;

@@ -75,10 +75,13 @@ void plan_bwd_workspace(PlanData* d) {
   if (p.deterministic) {
     int64_t q_tiles = RaggedTiles::bound(p.total_q, p.batch, d->bwd.block_m);
     ws.locks = take(&cursor, size_t(q_tiles) * p.num_heads_q * sizeof(int32_t));
-  } else if (d->bwd.family == KernelFamily::Wgmma) {
-    // The Hopper backward takes its key tiles segment by segment, the segments with the most work
-    // first (long segments have more query steps than short ones; sm90/schedule.cuh).
-    ws.schedule = take(&cursor, size_t(d->bwd.tiles) * sizeof(TileCoord));
+  } else if (d->bwd.inner_heads > 0) {
+    // The Hopper backward outside deterministic mode (plan_sm90) takes its (key tile, KV head)
+    // pairs segment by segment, the segments with the most work first (long segments have more
+    // query steps than short ones; sm90/schedule.cuh): one entry per CTA of its grid.
+    ws.schedule = take(&cursor, size_t(d->bwd.tiles) * d->bwd.inner_heads * sizeof(HeadTile));
+    ws.interleave_rows = sm90::bwd_interleave_rows(d->caps.l2_bytes, p.num_heads_q, p.head_dim_qk,
+                                                   p.head_dim_v, int(ws.dq_accum.elem_bytes()));
     if (sm90::bwd_dq_claimed(!d->bwd.dq_staged, p.deterministic != 0)) {
       // Cleared in 16-byte words, as the scratch would be.
       ws.dq_claims = take(&cursor, size_t(round_up(ws.dq_accum.tiles() * 4, 16)));
@@ -217,9 +220,9 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          sm90::bwd_smem(p.head_dim_qk, p.head_dim_v, dq_regs).bytes,
                          RaggedTiles::bound(p.total_kv, p.batch, c.block_n)};
     d->bwd.dq_staged = !dq_regs;
-    // A key tile's KV heads launch together, so the schedule's longest-first order holds over
-    // every head (bwd_lpt_schedule orders the key tiles; the kernel takes grid_slot's).
-    d->bwd.inner_heads = p.num_heads_kv;
+    // Outside deterministic mode the grid is the schedule's (key tile, KV head) entries, so its
+    // longest-first order holds over every head (BwdWorkspace::schedule).
+    d->bwd.inner_heads = p.deterministic ? 0 : p.num_heads_kv;
   }
   for (const LaunchShape* s : {&d->fwd, &d->bwd}) {
     if (s->smem_bytes > size_t(d->caps.smem_per_block_optin)) {

@@ -32,11 +32,15 @@ struct BwdWorkspace {
   // kernel in place of the scratch: 0 no key tile has written the tile, 1 one is storing it, 2
   // written (sm90::bwd_dq_claimed; the Hopper backward only).
   Region dq_claims;
-  // TileCoord per key tile (LaunchShape::tiles): the order the Hopper backward's CTAs take the key
-  // tiles in, segment by segment, the segments with the most work first (written by
-  // sm90::bwd_lpt_schedule before each main kernel). Not in
-  // deterministic mode (its turns need each segment's tiles in order).
+  // HeadTile per CTA of the Hopper backward (LaunchShape::tiles x inner_heads: every key tile for
+  // every KV head): the order its CTAs take (key tile, KV head) in, segment by segment, the
+  // segments with the most work first (written by sm90::bwd_lpt_schedule before each main
+  // kernel). A segment of at most interleave_rows query rows runs its KV heads tile by tile
+  // together (the last wave then holds the lightest tiles of every head); a longer one KV head by
+  // KV head (sm90::bwd_interleave_rows: its heads' query-side rows together would not stay in L2).
+  // Not in deterministic mode (its turns need each segment's tiles in order).
   Region schedule;
+  int64_t interleave_rows = 0;
   size_t total = 0;
   // What the dot(dO, O) kernel zeroes before the main kernel: the claims where the plan has them,
   // the dQ scratch otherwise.
@@ -78,11 +82,10 @@ struct LaunchShape {
   bool dq_staged = false;
   // The grid kernel's CTAs over (tile, head). 0: grid (tiles, heads), CTA (x, y) on tile x and
   // head y, so the heads run one after the other. n > 0 (n divides the heads): grid
-  // (tiles * n, heads / n), CTA (x, y) on grid_slot(x, y, n): n heads of one tile launch
-  // together, so an order of the tiles holds across them. The Hopper backward takes every KV head
-  // (its longest-first schedule then holds over all heads, and its last wave is the lightest
-  // tiles of every head, not all of the last head's), the Hopper forward's grid kernel a KV
-  // head's query heads (they read the same K/V tiles at once).
+  // (tiles * n, heads / n). The Hopper forward's grid kernel takes a KV head's query heads, CTA
+  // (x, y) on grid_slot(x, y, n): a tile's GQA group launches together (they read the same K/V
+  // tiles at once). The Hopper backward outside deterministic mode takes every KV head, CTA x on
+  // its schedule's entry x (BwdWorkspace::schedule: one order over every (key tile, KV head)).
   int inner_heads = 0;
 
   // The launch's grid for grid_y heads (the forward's query heads, the backward's KV heads):

@@ -366,10 +366,11 @@ TEST(PlanPath, HopperBackwardColumnsCoverEachTensorOnce) {
   }
 }
 
-// The grids' inner heads (LaunchShape::inner_heads): the Hopper backward launches a key tile's KV
-// heads as consecutive CTAs (its schedule's longest-first order then holds over all heads), the
-// Hopper forward's grid kernel a query tile's GQA group, the portable kernels and the persistent
-// forward none. Each grid covers every (tile, head) once through the slots the kernels read.
+// The grids' inner heads (LaunchShape::inner_heads): the Hopper forward's grid kernel launches a
+// query tile's GQA group as consecutive CTAs, the Hopper backward outside deterministic mode one
+// CTA per entry of its schedule (every KV head of every key tile), the portable kernels and the
+// persistent forward none. The forward's grid covers every (tile, head) once through the slots
+// the kernel reads.
 void expect_slots_cover_once(const LaunchShape& shape, int heads) {
   const LaunchShape::Grid g = shape.grid(heads);
   const int n = shape.inner_heads;
@@ -400,10 +401,23 @@ TEST(PlanPath, GridsLaunchTheirInnerHeadsTogether) {
   Plan plan;
   ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
   ASSERT_EQ(plan.data().fwd.item_ctas, 0);  // 16k-token documents: the grid forward
-  EXPECT_EQ(plan.data().bwd.inner_heads, p.num_heads_kv);
   EXPECT_EQ(plan.data().fwd.inner_heads, p.num_heads_q / p.num_heads_kv);
-  expect_slots_cover_once(plan.data().bwd, p.num_heads_kv);
   expect_slots_cover_once(plan.data().fwd, p.num_heads_q);
+  // The backward: its grid is its schedule's entries, one HeadTile per (key tile, KV head).
+  const LaunchShape& bwd = plan.data().bwd;
+  EXPECT_EQ(bwd.inner_heads, p.num_heads_kv);
+  EXPECT_EQ(bwd.grid(p.num_heads_kv).x, bwd.tiles * p.num_heads_kv);
+  EXPECT_EQ(bwd.grid(p.num_heads_kv).y, 1);
+  EXPECT_EQ(plan.data().bwd_ws.schedule.bytes,
+            size_t(bwd.tiles * p.num_heads_kv) * sizeof(HeadTile));
+  EXPECT_GT(plan.data().bwd_ws.interleave_rows, 0);
+  Problem det = p;  // deterministic: no schedule, grid (tiles, KV heads) in tile-map order
+  det.deterministic = 1;
+  Plan det_plan;
+  ASSERT_TRUE(make_plan(det, fake_hopper_caps(), &det_plan).ok());
+  EXPECT_EQ(det_plan.data().bwd.inner_heads, 0);
+  EXPECT_EQ(det_plan.data().bwd_ws.schedule.bytes, 0u);
+  EXPECT_EQ(det_plan.data().bwd.grid(p.num_heads_kv).y, p.num_heads_kv);
   Plan portable;
   ASSERT_TRUE(
       make_plan(long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps(), &portable).ok());
@@ -418,6 +432,41 @@ TEST(PlanPath, GridsLaunchTheirInnerHeadsTogether) {
   ASSERT_GT(plan.data().fwd.item_ctas, 0);
   EXPECT_EQ(plan.data().fwd.inner_heads, 0);
   EXPECT_EQ(plan.data().fwd.grid(p.num_heads_q).y, 1);
+}
+
+// The backward schedule's positions (schedule_slot): a segment's K key tiles at sorted positions
+// [first, first + K) give its CTAs [first * heads, (first + K) * heads), each once, interleaved
+// (a tile's heads consecutive) or head by head (a head's tiles consecutive, in tile order).
+TEST(PlanPath, ScheduleSlots) {
+  for (bool interleaved : {true, false}) {
+    for (int heads : {1, 3, 8}) {
+      for (int K : {1, 2, 7}) {
+        const int64_t first = 5;
+        std::vector<int> seen(size_t(K * heads), 0);
+        for (int k = 0; k < K; ++k) {
+          for (int h = 0; h < heads; ++h) {
+            const int64_t s = schedule_slot(first, k, K, h, heads, interleaved);
+            ASSERT_GE(s, first * heads);
+            ASSERT_LT(s, (first + K) * heads);
+            ++seen[size_t(s - first * heads)];
+            EXPECT_EQ(s - first * heads, interleaved ? k * heads + h : h * K + k);
+          }
+        }
+        EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+      }
+    }
+  }
+}
+
+// The longest segment the backward's schedule interleaves: its rows of every query head (Q, dO,
+// the dQ scratch's, LSE and dot) within the L2's share; twice the heads, half the rows.
+TEST(PlanPath, ScheduleInterleavesSegmentsWhoseRowsFitTheL2) {
+  const int64_t l2 = 60 << 20;
+  const int64_t rows = sm90::bwd_interleave_rows(l2, 32, 128, 128, 4);
+  EXPECT_EQ(rows, l2 / sm90::kBwdInterleaveL2Share / (32 * (256 + 256 + 512 + 8)));
+  EXPECT_EQ(sm90::bwd_interleave_rows(l2, 64, 128, 128, 4), rows / 2);
+  EXPECT_GT(sm90::bwd_interleave_rows(l2, 32, 128, 128, 2), rows);  // the 16-bit scratch
+  EXPECT_EQ(sm90::bwd_interleave_rows(0, 32, 128, 128, 4), 0);      // L2 unknown: head by head
 }
 
 // More heads than a grid's y dimension takes (65535): an error naming the grid, not a launch
@@ -524,10 +573,16 @@ void expect_consistent_workspace(const Plan& plan) {
                   size_t(d.problem.num_heads_q) * sizeof(int32_t));
     regions.push_back(ws.locks);
   }
-  // The Hopper backward's key-tile order: one TileCoord per key tile of its grid, outside
-  // deterministic mode only (its turns need each segment's tiles in order); no other path has one.
+  // The Hopper backward's order: one HeadTile per (key tile, KV head), the CTAs of its grid,
+  // outside deterministic mode only (its turns need each segment's tiles in order); no other path
+  // has one.
   const bool schedule = d.bwd.family == KernelFamily::Wgmma && !d.problem.deterministic;
-  EXPECT_EQ(ws.schedule.bytes, schedule ? size_t(d.bwd.tiles) * sizeof(TileCoord) : 0u);
+  EXPECT_EQ(ws.schedule.bytes,
+            schedule ? size_t(d.bwd.tiles * d.problem.num_heads_kv) * sizeof(HeadTile) : 0u);
+  if (schedule) {
+    const LaunchShape::Grid g = d.bwd.grid(d.problem.num_heads_kv);
+    EXPECT_EQ(size_t(g.x * g.y) * sizeof(HeadTile), ws.schedule.bytes);
+  }
   if (schedule) regions.push_back(ws.schedule);
   // The Hopper backward's claims on the scratch's dQ tiles: one int32 per 64-row tile of the
   // scratch (DqAccumLayout::tiles), in 16-byte words, wherever producer warp 1 adds the tiles

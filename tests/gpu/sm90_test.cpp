@@ -213,6 +213,25 @@ TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
   }
 }
 
+// The backward's schedule with both orders in one problem (BwdWorkspace::schedule): a segment
+// longer than sm90::bwd_interleave_rows runs its KV heads one after the other, the shorter ones
+// (and a length-1 and a zero-length segment) their heads interleaved tile by tile. Either order
+// covers every (key tile, KV head) once: a tile skipped leaves its dK and dV poisoned, one run
+// twice doubles its dQ terms.
+TEST(HopperBackward, ScheduleTakesBothOrdersInOneProblem) {
+  RATTN_REQUIRE_SM90();
+  const int64_t l2 = query_device(-1).l2_bytes;
+  const int32_t hq = 32, hkv = 8, dim = 64;
+  const int64_t rows = sm90::bwd_interleave_rows(l2, hq, dim, dim, 4);  // fp32 dQ scratch
+  ASSERT_GT(rows, 100) << "L2 " << l2;
+  const int32_t longer = int32_t(rows + 77), shorter = int32_t(std::min<int64_t>(rows, 700));
+  for (rattn_mask mask : {RATTN_MASK_CAUSAL, RATTN_MASK_NONE}) {
+    CaseSpec c = sm90_case("schedule_both_orders", {shorter, 1, longer, 0, 41}, hq, hkv, dim, mask);
+    SCOPED_TRACE(std::to_string(longer) + " rows against " + std::to_string(rows));
+    gpu_test::expect_case_passes(c, {"bwd[wgmma"});
+  }
+}
+
 // Random ragged problems at the Hopper kernels' head dims: every mask, window, softcap, GQA/MQA,
 // padded THD, zero-length and length-1 segments, lengths that are not multiples of 16.
 TEST(HopperRandom, FreshRaggedProblems) {

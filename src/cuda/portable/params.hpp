@@ -58,9 +58,9 @@ struct BwdParams {
   // The Hopper backward's claims on the scratch's dQ tiles (BwdWorkspace::dq_claims); null: the
   // scratch is zeroed before the main kernel and every tile is added.
   int32_t* dq_claims;
-  // The Hopper backward's key-tile order (BwdWorkspace::schedule): CTA x takes key tile
-  // schedule[x]; null: the tile map's x-th.
-  const TileCoord* schedule;
+  // The Hopper backward's order (BwdWorkspace::schedule): CTA x takes key tile schedule[x].tc for
+  // KV head schedule[x].head; null: CTA (x, y) the tile map's x-th for KV head y.
+  const HeadTile* schedule;
   float scale_log2;
   float scale;
   float softcap;
@@ -121,7 +121,7 @@ inline BwdParams make_bwd_params(const PlanData& d, const BwdTensors& t, void* w
   p.dpsum = d.bwd_ws.dpsum.in<float>(workspace);
   p.locks = d.bwd_ws.locks.in<int32_t>(workspace);
   p.dq_claims = d.bwd_ws.dq_claims.in<int32_t>(workspace);
-  p.schedule = d.bwd_ws.schedule.in<TileCoord>(workspace);
+  p.schedule = d.bwd_ws.schedule.in<HeadTile>(workspace);
   p.scale = d.scale;
   p.scale_log2 = d.scale * kLog2e;
   p.softcap = d.problem.softcap;

@@ -109,17 +109,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
-  // The CTA's key tile and KV head (the Plan's LaunchShape::inner_heads, every KV head: a tile's
-  // heads are consecutive CTAs); the key tile is the schedule's slot.tile-th (most work first)
-  // where the Plan made one.
-  const GridSlot slot = grid_slot(blockIdx.x, blockIdx.y, uint32_t(p.heads_q / p.group));
-  const TileCoord tc =
-      p.schedule != nullptr ? p.schedule[slot.tile] : p.kv_tiles.locate(slot.tile, p.segs.cu_kv);
+  // The CTA's key tile and KV head: the schedule's x-th entry (most work first) where the Plan made
+  // one (its grid is the schedule's entries), the tile map's x-th for KV head y otherwise.
+  const HeadTile at = p.schedule != nullptr
+                          ? p.schedule[blockIdx.x]
+                          : HeadTile{p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv), int(blockIdx.y)};
+  const TileCoord tc = at.tc;
   if (tc.segment < 0) return;
-  const int b = tc.segment, hk = slot.head;
+  const int b = tc.segment, hk = at.head;
   const portable::KeyTileWork w = portable::key_tile_work<BM, BN>(p, tc);
   const Segment& seg = w.seg;
-  const int n0 = w.n0, keys = w.keys, m_first = w.m_first, m_count = w.m_count, n_it = w.steps;
+  const int n0 = w.n0, keys = w.keys, m_first = w.m_first, n_it = w.steps;
 
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* full = kv_full + 1;        // [STAGES]: a Q/dO stage has landed (warp 0's 32 arrivals)
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         zero_rows(smem + L.v, BN, DV / PANEL, keys);
         __syncwarp();  // every lane has seen the phase before lane 0 can start the next
       }
-      // Step it is query tile w.query_tile(it % m_count) of the group's head it / m_count: the
+      // Step it is query tile w.query_tile(it % w.m_count) of the group's head it / w.m_count: the
       // tile m_first + qt and the head qh, counted by w.next_step (as every loop here counts).
       for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
         const int s = it % STAGES;

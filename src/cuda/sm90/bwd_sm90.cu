@@ -28,12 +28,17 @@ struct BwdLauncher {
   cudaStream_t s;
   template <class T, int DQK, int DV>
   cudaError_t operator()() const {
-    // The kernel reads its (key tile, KV head) as grid_slot's, the grid make_plan gave it.
-    if (d.bwd.inner_heads != d.problem.num_heads_kv) return cudaErrorInvalidConfiguration;
+    // With a schedule the kernel's grid is its entries (LaunchShape::inner_heads: every KV head),
+    // without one (tiles, KV heads).
+    const int hkv = d.problem.num_heads_kv;
+    if (d.bwd.inner_heads != (a.p.schedule != nullptr ? hkv : 0)) {
+      return cudaErrorInvalidConfiguration;
+    }
     constexpr sm90::BwdConfig c = sm90::bwd_config(DQK, DV, false);
     if (a.p.schedule != nullptr) {
-      sm90::bwd_lpt_schedule<c.block_m, c.block_n><<<1, sm90::kScheduleThreads, 0, s>>>(
-          a.p, const_cast<TileCoord*>(a.p.schedule), int(d.bwd.tiles));
+      sm90::bwd_lpt_schedule<c.block_m, c.block_n>
+          <<<1, sm90::kScheduleThreads, 0, s>>>(a.p, const_cast<HeadTile*>(a.p.schedule),
+                                                int(d.bwd.tiles), hkv, d.bwd_ws.interleave_rows);
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
     }

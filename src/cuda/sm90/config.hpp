@@ -235,6 +235,20 @@ RATTN_HD constexpr bool bwd_dq_from_registers(int dqk, int dv, bool deterministi
 RATTN_HD constexpr bool bwd_dq_claimed(bool dq_regs, bool deterministic) {
   return !dq_regs && !deterministic;
 }
+// The longest segment (query rows) whose KV heads the backward's schedule interleaves tile by
+// tile (BwdWorkspace::schedule): one whose query side for every head, what its CTAs stream (Q and
+// dO rows, the dQ scratch's, LSE and dot(dO, O)), fits kBwdInterleaveL2Share of the L2. A longer
+// segment runs KV head by KV head: its CTAs in flight then share one KV head's query heads. With
+// every segment interleaved, the H200 measured (docs/PERFORMANCE.md item 99; D = 128, Hq 32 /
+// Hkv 8, backward against heads one after the other) docs_short_32k +2.8% and docs_mixed_32k
+// +1.0%, but docs_mixed_32k_full -0.8% and one_doc_16k -0.6%: there all 32 heads' rows of a long
+// document are in flight at once.
+constexpr int64_t kBwdInterleaveL2Share = 2;  // 1 / share of the L2
+inline int64_t bwd_interleave_rows(int64_t l2_bytes, int heads_q, int dqk, int dv,
+                                   int accum_bytes) {
+  const int64_t row_bytes = int64_t(heads_q) * (2 * dqk + 2 * dv + accum_bytes * dqk + 8);
+  return l2_bytes / kBwdInterleaveL2Share / row_bytes;
+}
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv, bool dq_regs) {
   return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 2, 24, 240}
          : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 40, 232}

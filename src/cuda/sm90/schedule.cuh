@@ -1,7 +1,10 @@
-// The Hopper backward's key-tile order (BwdWorkspace::schedule): segments with the most work
-// first, each segment's key tiles together, so that the CTAs that run longest start first, the
-// last wave is made of short ones (longest processing time first, by segment), and the CTAs in
-// flight at once add into the dQ rows of a few segments only, which stay in L2. A CTA's work is
+// The Hopper backward's order of (key tile, KV head) pairs (BwdWorkspace::schedule), one per CTA:
+// segments with the most work first, each segment's key tiles together, so that the CTAs that run
+// longest start first, the last wave is made of short ones (longest processing time first, by
+// segment, over every KV head), and the CTAs in flight at once add into the dQ rows of a few
+// segments only, which stay in L2. Inside a segment, tile by tile with its KV heads together
+// where the segment has at most `interleave_rows` query rows (BwdWorkspace::interleave_rows),
+// KV head by KV head otherwise (schedule_slot). A CTA's work is
 // its key tile's query steps (portable::key_tile_work: the same function the main kernel loops
 // over); a segment's is that of its first key tile, the one that sees the most query rows under
 // causal masking. The grid's plain order (segment by segment, KV head by KV head) left heavy tiles
@@ -13,10 +16,11 @@
 // main kernel then needs no search of the segments) by their segment's step count (clamped to
 // kScheduleBuckets - 1 steps; indices that fall in a gap between segments count as zero steps),
 // descending; stable, so within a bucket segment by segment in tile-map order, a segment's tiles
-// in tile order. The Plan asks for a schedule only outside deterministic mode. A schedule that
-// were not a permutation of the grid's tiles would skip a key tile (its dK and dV left as the
-// poisoned outputs) or run one twice (its dQ terms doubled): every Hopper suite, which runs
-// outside deterministic mode, would fail.
+// in tile order, at positions [first, first + K). Each tile then writes its `heads` entries at
+// schedule_slot's positions in [first * heads, (first + K) * heads). The Plan asks for a schedule
+// only outside deterministic mode. A schedule that were not a permutation of the grid's tiles would
+// skip a key tile (its dK and dV left as the poisoned outputs) or run one twice (its dQ terms
+// doubled): every Hopper suite, which runs outside deterministic mode, would fail.
 #pragma once
 
 #include "cuda/portable/bwd_common.cuh"
@@ -48,7 +52,8 @@ __device__ __forceinline__ int schedule_bucket(const portable::BwdParams& p, con
 
 template <int BM, int BN>
 __global__ void __launch_bounds__(kScheduleThreads)
-    bwd_lpt_schedule(const portable::BwdParams p, TileCoord* order, int n) {
+    bwd_lpt_schedule(const portable::BwdParams p, HeadTile* order, int n, int heads,
+                     int64_t interleave_rows) {
   __shared__ int start[kScheduleBuckets];
   __shared__ int warp_sums[kScheduleThreads / 32];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -83,7 +88,14 @@ __global__ void __launch_bounds__(kScheduleThreads)
         const int pos = start[k] + rank;
         __syncwarp(peers);
         if (leader) start[k] = pos + __popc(peers);
-        order[pos] = tc;
+        // A gap's index stands alone (its CTAs return at once): a segment of one tile.
+        const Segment seg = tc.segment >= 0 ? p.segs.get(tc.segment) : Segment{};
+        const int K = tc.segment >= 0 ? int(p.kv_tiles.count(seg.len_kv)) : 1;
+        const int kt = tc.segment >= 0 ? tc.tile : 0;
+        const bool interleaved = tc.segment < 0 || seg.len_q <= interleave_rows;
+        for (int h = 0; h < heads; ++h) {
+          order[schedule_slot(pos - kt, kt, K, h, heads, interleaved)] = HeadTile{tc, h};
+        }
       }
       __syncthreads();
     }
