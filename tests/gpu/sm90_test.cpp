@@ -221,7 +221,8 @@ TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
 TEST(HopperBackward, ScheduleTakesBothOrdersInOneProblem) {
   RATTN_REQUIRE_SM90();
   const int64_t l2 = query_device(-1).l2_bytes;
-  const int32_t hq = 32, hkv = 8, dim = 64;
+  // 64 query heads: the longer segment past the rule's rows at half the tokens of 32 heads'.
+  const int32_t hq = 64, hkv = 8, dim = 64;
   const int64_t rows = sm90::bwd_interleave_rows(l2, hq, dim, dim, 4);  // fp32 dQ scratch
   ASSERT_GT(rows, 100) << "L2 " << l2;
   const int32_t longer = int32_t(rows + 77), shorter = int32_t(std::min<int64_t>(rows, 700));

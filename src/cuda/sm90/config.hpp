@@ -237,13 +237,15 @@ RATTN_HD constexpr bool bwd_dq_claimed(bool dq_regs, bool deterministic) {
 }
 // The longest segment (query rows) whose KV heads the backward's schedule interleaves tile by
 // tile (BwdWorkspace::schedule): one whose query side for every head, what its CTAs stream (Q and
-// dO rows, the dQ scratch's, LSE and dot(dO, O)), fits kBwdInterleaveL2Share of the L2. A longer
-// segment runs KV head by KV head: its CTAs in flight then share one KV head's query heads. With
-// every segment interleaved, the H200 measured (docs/PERFORMANCE.md item 99; D = 128, Hq 32 /
-// Hkv 8, backward against heads one after the other) docs_short_32k +2.8% and docs_mixed_32k
-// +1.0%, but docs_mixed_32k_full -0.8% and one_doc_16k -0.6%: there all 32 heads' rows of a long
-// document are in flight at once.
-constexpr int64_t kBwdInterleaveL2Share = 2;  // 1 / share of the L2
+// dO rows, the dQ scratch's, LSE and dot(dO, O)), fits 1 / kBwdInterleaveL2Share of the L2 (at
+// D = 128, Hq 32 and the fp32 scratch, 1 587 rows of a 50 MB L2). A longer segment runs KV
+// head by KV head: its CTAs in flight then share one KV head's query heads. Measured on the H200
+// (docs/PERFORMANCE.md item 99; D = 128, Hq 32 / Hkv 8, backward against heads one after the
+// other): every segment interleaved, docs_short_32k +2.8% and docs_mixed_32k +1.0% but
+// docs_mixed_32k_full -0.8% and one_doc_16k -0.6% (all 32 heads' rows of a long document in
+// flight at once); by this rule, with the whole L2, +1.8%, +1.8%, +0.8% and level (one_doc_16k's
+// order is the old one); with half of it +2.1%, +1.4%, +0.7%.
+constexpr int64_t kBwdInterleaveL2Share = 1;
 inline int64_t bwd_interleave_rows(int64_t l2_bytes, int heads_q, int dqk, int dv,
                                    int accum_bytes) {
   const int64_t row_bytes = int64_t(heads_q) * (2 * dqk + 2 * dv + accum_bytes * dqk + 8);
