@@ -12,16 +12,17 @@ for
 
 - heads outer: grid (tiles, KV heads), the key tiles in bwd_lpt_schedule's order (segments with the
   most work first, a segment's tiles together and in order), every KV head after the one before;
-- heads inner: the same tile order with a tile's KV heads as consecutive CTAs
-  (bench/results/ab-2026-12-03-heads-inner.patch), so the order holds across the heads;
+- heads inner: the same tile order with a tile's KV heads as consecutive CTAs (commit 4c6c18a;
+  main's schedule does this for segments whose query rows of every head fit the L2 and runs longer
+  ones head by head, BwdWorkspace::schedule), so the order holds across the heads;
 - LPT: every CTA sorted by its steps (a bound for any order).
 
 The forward's grid kernel (one CTA per (query tile, query head), a CTA = its key tiles + an
 overhead) the same way: query heads outer (grid (tiles, query heads)), a tile's GQA group inner
-(grid (tiles x group, KV heads), the same patch), and that with the tiles longest first.
+(grid (tiles x group, KV heads), on main since item 99), and that with the tiles longest first.
 
 The standard workloads come from bench/workloads.py, the tile shape from the D = 128 kernel
-(64 query rows x 128 keys). docs/PERFORMANCE.md item 98 has what it predicted.
+(64 query rows x 128 keys). docs/PERFORMANCE.md items 98 and 99 have what it predicted and what was measured.
 """
 
 from __future__ import annotations

@@ -407,6 +407,10 @@ std::string Plan::describe() const {
         d.bwd.dq_staged ? (d.bwd_ws.dq_claims.bytes ? " dQ staged, claimed" : " dQ staged")
         : d.bwd.family == KernelFamily::Wgmma ? " dQ from registers"
                                               : "",
+        // The schedule's rule (BwdWorkspace::interleave_rows), which the device's L2 sets.
+        d.bwd_ws.schedule.bytes
+            ? str_cat(", heads interleaved to ", d.bwd_ws.interleave_rows, " rows")
+            : "",
         "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),

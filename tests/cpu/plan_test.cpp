@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.hpp"
 #include "cuda/portable/config.hpp"
 #include "cuda/sm90/config.hpp"
 #include "plan/plan_data.hpp"
@@ -411,6 +412,10 @@ TEST(PlanPath, GridsLaunchTheirInnerHeadsTogether) {
   EXPECT_EQ(plan.data().bwd_ws.schedule.bytes,
             size_t(bwd.tiles * p.num_heads_kv) * sizeof(HeadTile));
   EXPECT_GT(plan.data().bwd_ws.interleave_rows, 0);
+  EXPECT_NE(plan.describe().find(
+                str_cat(", heads interleaved to ", plan.data().bwd_ws.interleave_rows, " rows]")),
+            std::string::npos)
+      << plan.describe();
   Problem det = p;  // deterministic: no schedule, grid (tiles, KV heads) in tile-map order
   det.deterministic = 1;
   Plan det_plan;
@@ -418,6 +423,7 @@ TEST(PlanPath, GridsLaunchTheirInnerHeadsTogether) {
   EXPECT_EQ(det_plan.data().bwd.inner_heads, 0);
   EXPECT_EQ(det_plan.data().bwd_ws.schedule.bytes, 0u);
   EXPECT_EQ(det_plan.data().bwd.grid(p.num_heads_kv).y, p.num_heads_kv);
+  EXPECT_EQ(det_plan.describe().find("interleaved"), std::string::npos);
   Plan portable;
   ASSERT_TRUE(
       make_plan(long_problem(RATTN_BACKEND_CUDA_PORTABLE), fake_hopper_caps(), &portable).ok());
