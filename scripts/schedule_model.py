@@ -15,6 +15,10 @@ for
 - heads inner: the same tile order with a tile's KV heads as consecutive CTAs (commit 4c6c18a;
   main's schedule does this for segments whose query rows of every head fit the L2 and runs longer
   ones head by head, BwdWorkspace::schedule), so the order holds across the heads;
+- by rows (main): a segment's KV heads interleaved where it has at most --interleave-rows rows,
+  head by head otherwise (BwdWorkspace::schedule);
+- KV head blocks: a segment's heads in blocks of the most KV heads whose rows fit (a lead: item
+  99's next step);
 - LPT: every CTA sorted by its steps (a bound for any order).
 
 The forward's grid kernel (one CTA per (query tile, query head), a CTA = its key tiles + an
@@ -68,12 +72,42 @@ def makespan(costs, sms):
     return end
 
 
-def orders(lens, causal, heads_kv=HKV, overhead=6.0):
+def by_segment(ordered, lens, heads_kv, block, overhead):
+    """The schedule's order with each segment's KV heads in blocks of block(len) heads: a block's
+    heads tile by tile together, the blocks one after the other (block = heads_kv: interleaved,
+    1: head by head; schedule_slot)."""
+    out, i = [], 0
+    while i < len(ordered):
+        s = ordered[i][0]
+        seg = [t for t in ordered[i:] if t[0] == s]
+        n = block(lens[s])
+        for b in range(heads_kv // n):
+            out += [steps + overhead for _, _, steps in seg for _ in range(n)]
+        i += len(seg)
+    return out
+
+
+def kv_block(length, heads_kv, rows):
+    """The most KV heads (a divisor of heads_kv) whose query rows of a segment of `length` fit
+    what sm90::bwd_interleave_rows allows all heads' (`rows`), at least one."""
+    n = heads_kv
+    while n > 1 and length * n > rows * heads_kv:
+        n -= 1
+        while heads_kv % n:
+            n -= 1
+    return n
+
+
+def orders(lens, causal, heads_kv=HKV, overhead=6.0, rows=1587):
     """Each order's CTA costs, in launch order."""
     ordered = schedule_order(key_tiles(lens, causal))
     outer = [steps + overhead for _ in range(heads_kv) for _, _, steps in ordered]
     inner = [steps + overhead for _, _, steps in ordered for _ in range(heads_kv)]
-    return {"heads outer": outer, "heads inner": inner, "LPT": sorted(inner, reverse=True)}
+    rule = by_segment(ordered, lens, heads_kv,
+                      lambda n: heads_kv if n <= rows else 1, overhead)
+    blocks = by_segment(ordered, lens, heads_kv, lambda n: kv_block(n, heads_kv, rows), overhead)
+    return {"heads outer": outer, "heads inner": inner, "by rows (main)": rule,
+            "KV head blocks": blocks, "LPT": sorted(inner, reverse=True)}
 
 
 FWD_BLOCK = 128  # sm90::fwd_config(128, 128): query rows and keys per tile
@@ -116,12 +150,15 @@ def main():
                     help="a backward CTA's fixed cost, in query steps")
     ap.add_argument("--fwd-overhead", type=float, default=1.0,
                     help="a forward CTA's fixed cost, in key tiles")
+    ap.add_argument("--interleave-rows", type=int, default=1587,
+                    help="sm90::bwd_interleave_rows (D = 128, Hq 32, fp32 scratch, 50 MiB L2)")
     args = ap.parse_args()
     print(f"{args.sms} SMs, a CTA = its steps + {args.overhead}; the last wave's cost "
           "(the makespan over its lower bound, minus 1):")
     for name, (lens, causal) in WORKLOADS.items():
         cells = ", ".join(f"{k} {100 * tail(c, args.sms):.1f}%"
-                          for k, c in orders(lens, causal, overhead=args.overhead).items())
+                          for k, c in orders(lens, causal, overhead=args.overhead,
+                                              rows=args.interleave_rows).items())
         print(f"  {name:20s} {cells}")
     print(f"The forward's grid kernel, a CTA = its key tiles + {args.fwd_overhead}:")
     for name, (lens, causal) in WORKLOADS.items():

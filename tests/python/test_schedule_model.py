@@ -23,9 +23,22 @@ def test_schedule_order_puts_the_heaviest_segment_first_and_keeps_its_tiles_toge
 
 
 def test_every_order_runs_the_same_ctas():
-    o = m.orders([1356, 4918, 772], causal=True, heads_kv=3, overhead=2)
-    assert sorted(o["heads outer"]) == sorted(o["heads inner"]) == sorted(o["LPT"])
+    o = m.orders([1356, 4918, 772], causal=True, heads_kv=3, overhead=2, rows=1000)
+    runs = list(o.values())
+    assert all(sorted(r) == sorted(runs[0]) for r in runs)
     assert len(o["heads inner"]) == 3 * len(m.key_tiles([1356, 4918, 772], True))
+
+
+def test_main_rule_interleaves_only_the_segments_within_its_rows():
+    lens = [1356, 300]  # 11 + 3 key tiles; only the 300-token segment within 1000 rows
+    o = m.orders(lens, causal=False, heads_kv=2, overhead=0, rows=1000)
+    long_steps, short_steps = 22 * 4, 5 * 4  # query tiles x group (4)
+    # The long segment head by head (11 tiles, twice), then the short one's tiles with both heads.
+    assert o["by rows (main)"] == [long_steps] * 22 + [short_steps] * 6
+    assert m.kv_block(1356, heads_kv=8, rows=1000) == 4  # 1356 x 4 <= 8000 < 1356 x 8
+    assert m.kv_block(16384, heads_kv=8, rows=1587) == 1
+    assert m.kv_block(300, heads_kv=8, rows=1000) == 8
+    assert m.kv_block(2000, heads_kv=6, rows=1000) == 3  # a divisor of the heads
 
 
 def test_makespan_is_list_scheduling_in_launch_order():
