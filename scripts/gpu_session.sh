@@ -4,8 +4,12 @@
 #
 #   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
 #
-# STEPs: info check tests sanitize profile profile_source percycle bench anchors python train ab
-# (default: info check tests sanitize bench).
+# STEPs: info check tests sanitize repeat profile profile_source percycle bench anchors python
+# train ab (default: info check tests sanitize bench). `repeat` runs `check` REPEAT times (10)
+# under REPEAT_TOOL (a compute-sanitizer tool, default synccheck; `none`: no tool) with
+# REPEAT_ARGS (default `--backend cuda --heads 2/1`), keeps every run's output, and reruns each
+# failing run's seed without the tool: a case that fails there too is its bound's, one that
+# passes there points at the tool's timing (a race).
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
 # `anchors` needs ANCHORS_DIR (the anchor scripts). `python` installs the package over BUILD_DIR's
 # library (no compiler run, no network) and runs tests/python; `train` then runs
@@ -86,6 +90,25 @@ for s in $steps; do
         "$cli" check --backend cuda --heads 2/1
       step synccheck 300 compute-sanitizer --tool synccheck --error-exitcode 9 \
         "$cli" check --backend cuda --heads 2/1 ;;
+    repeat)
+      tool=${REPEAT_TOOL:-synccheck}
+      args=${REPEAT_ARGS:---backend cuda --heads 2/1}
+      fails=0
+      for i in $(seq 1 "${REPEAT:-10}"); do
+        if [ "$tool" = none ]; then
+          step "repeat_${tool}_$i" 300 "$cli" check $args
+        else
+          step "repeat_${tool}_$i" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+            "$cli" check $args
+        fi
+        if ! grep -q '^PASS (' "$out/repeat_${tool}_$i.txt"; then
+          fails=$((fails + 1))
+          seed=$(sed -n 's/^raggedattn .*, seed \([0-9]*\)$/\1/p' "$out/repeat_${tool}_$i.txt" | head -n 1)
+          grep -E '^[a-z0-9_]+ +FAIL' "$out/repeat_${tool}_$i.txt" | sed 's/^/   failed: /'
+          [ -n "$seed" ] && step "repeat_${tool}_${i}_plain" 300 "$cli" check $args --seed "$seed"
+        fi
+      done
+      echo "   repeat: $fails of ${REPEAT:-10} runs under $tool failed" ;;
     profile)
       # Nsight Compute on one forward and one backward launch of one_doc_16k (clocks untouched).
       for k in fwd_kernel bwd_kernel; do
