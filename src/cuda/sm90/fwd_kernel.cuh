@@ -1,7 +1,7 @@
 // Forward kernels of the Hopper path (sm_90a), two schedules over the same work items (query
 // tile of a segment, query head) and the same consumer code (fwd_consume):
-//   fwd_kernel             one CTA per item, grid (tiles, heads): the hardware's block dispatch.
-//                          The Plan's choice where documents are long.
+//   fwd_kernel             one CTA per item, grid (tiles x group, KV heads): the hardware's
+//                          block dispatch. The Plan's choice where documents are long.
 //   fwd_persistent_kernel  one CTA per SM taking items from a counter (its first from its CTA
 //                          index): barriers and register split set up once per SM, the next
 //                          item's loads overlapping the current one's last product and epilogue.
