@@ -92,6 +92,27 @@ struct Ctx {
         group(d.problem.num_heads_q / d.problem.num_heads_kv) {}
 };
 
+// The work of one pass: (segment, KV head, rows [r0, r1) of the segment's queries or keys), in
+// chunks of kChunk rows, so that a long segment spreads over the threads (one item per
+// (segment, KV head) left a single 16k-token document on one core). Every output element is
+// computed by one item with the same operations in the same order whatever the chunking, so the
+// results do not depend on it or on the thread count.
+constexpr int kChunk = 256;
+struct Item {
+  int b, hk, r0, r1;
+};
+template <class Len>
+std::vector<Item> chunked_items(const Problem& p, const SegmentArrays& segs, Len len) {
+  std::vector<Item> items;
+  for (int b = 0; b < p.batch; ++b) {
+    const int n = len(segs.get(b));
+    for (int hk = 0; hk < p.num_heads_kv; ++hk) {
+      for (int r0 = 0; r0 < n; r0 += kChunk) items.push_back({b, hk, r0, std::min(n, r0 + kChunk)});
+    }
+  }
+  return items;
+}
+
 }  // namespace
 
 void forward(const PlanData& plan, const FwdTensors& t, const Options& opt) {
@@ -100,16 +121,20 @@ void forward(const PlanData& plan, const FwdTensors& t, const Options& opt) {
   const Problem& p = c.p;
   const int dqk = p.head_dim_qk, dv = p.head_dim_v;
   const RowStatLayout stats = plan.row_stats();
-  // Work item: (segment, KV head); its K and V are converted once for the group's query heads.
-  parallel_for(int64_t(p.batch) * p.num_heads_kv, opt.threads, [&](int64_t item) {
-    const int b = int(item / p.num_heads_kv), hk = int(item % p.num_heads_kv);
-    const Segment s = c.segs.get(b);
+  // Work item: a chunk of a segment's query rows for one KV head's group of query heads.
+  const std::vector<Item> items =
+      chunked_items(p, c.segs, [](const Segment& s) { return s.len_q; });
+  parallel_for(int64_t(items.size()), opt.threads, [&](int64_t n) {
+    const Item it = items[size_t(n)];
+    const int hk = it.hk;
+    const Segment s = c.segs.get(it.b);
     std::vector<float> k, v, q, scores, pv(dv);
     gather(t.k, plan.k(), s.kv_row0, s.len_kv, hk, dqk, p.dtype, &k);
     gather(t.v, plan.v(), s.kv_row0, s.len_kv, hk, dv, p.dtype, &v);
     for (int h = hk * c.group; h < (hk + 1) * c.group; ++h) {
-      gather(t.q, plan.q(), s.q_row0, s.len_q, h, dqk, p.dtype, &q);
-      for (int i = 0; i < s.len_q; ++i) {
+      gather(t.q, plan.q(), s.q_row0 + it.r0, it.r1 - it.r0, h, dqk, p.dtype, &q);
+      for (int i = it.r0; i < it.r1; ++i) {
+        const float* qi = &q[size_t(i - it.r0) * dqk];
         const int kb = plan.mask.key_begin(i, s.len_q, s.len_kv);
         const int ke = plan.mask.key_end(i, s.len_q, s.len_kv);
         const int64_t orow = plan.o().offset(s.q_row0 + i, h);
@@ -122,7 +147,7 @@ void forward(const PlanData& plan, const FwdTensors& t, const Options& opt) {
         scores.resize(ke - kb);
         double m = -std::numeric_limits<double>::infinity(), unused;
         for (int j = kb; j < ke; ++j) {
-          scores[j - kb] = float(c.score(&q[size_t(i) * dqk], &k[size_t(j) * dqk], dqk, &unused));
+          scores[j - kb] = float(c.score(qi, &k[size_t(j) * dqk], dqk, &unused));
           m = std::max(m, double(scores[j - kb]));
         }
         double l = 0;
@@ -141,6 +166,19 @@ void forward(const PlanData& plan, const FwdTensors& t, const Options& opt) {
   });
 }
 
+namespace {
+
+// One (query row i, key j) pair of the backward: P, and dS (the soft cap's tanh' included).
+struct Pair {
+  double p, ds;
+};
+struct BwdRow {  // what the pairs of query row i need
+  const float *q, *d_o;
+  double lse, di;
+};
+
+}  // namespace
+
 void backward(const PlanData& plan, const BwdTensors& t, const Options& opt) {
   Ctx c(plan, t.cu_seqlens_q, t.cu_seqlens_kv, t.seq_offsets_q, t.seq_offsets_kv,
         opt.emulate_low_precision);
@@ -149,54 +187,96 @@ void backward(const PlanData& plan, const BwdTensors& t, const Options& opt) {
   const RowStatLayout stats = plan.row_stats();
   const bool emulate = c.score.emulate;
   auto rnd = [&](double x) { return emulate ? double(round_to(p.dtype, float(x))) : x; };
-  // Work item: (segment, KV head): it owns that head's dK/dV rows and its group's dQ rows.
-  parallel_for(int64_t(p.batch) * p.num_heads_kv, opt.threads, [&](int64_t item) {
-    const int b = int(item / p.num_heads_kv), hk = int(item % p.num_heads_kv);
-    const Segment s = c.segs.get(b);
-    std::vector<float> k, v, q, o, d_o;
-    gather(t.k, plan.k(), s.kv_row0, s.len_kv, hk, dqk, p.dtype, &k);
-    gather(t.v, plan.v(), s.kv_row0, s.len_kv, hk, dv, p.dtype, &v);
-    std::vector<double> dk(size_t(s.len_kv) * dqk, 0.0), dvacc(size_t(s.len_kv) * dv, 0.0);
+  auto pair = [&](const BwdRow& r, const float* kj, const float* vj) {
+    double dtanh;
+    const double sc = c.score(r.q, kj, dqk, &dtanh);
+    const double pij = rnd(std::exp(sc - r.lse));
+    const double dpij = rnd(dot(r.d_o, vj, dv));
+    return Pair{pij, rnd(pij * (dpij - r.di)) * dtanh};
+  };
+  // A head's query-side rows [r0, r1) of segment s: Q, O and dO gathered, and what each row's
+  // pairs need (LSE, dot(dO, O)).
+  struct QuerySide {
+    std::vector<float> q, o, d_o;
+    std::vector<BwdRow> rows;
+  };
+  auto query_side = [&](const Segment& s, int h, int r0, int r1, QuerySide* qs) {
+    gather(t.q, plan.q(), s.q_row0 + r0, r1 - r0, h, dqk, p.dtype, &qs->q);
+    gather(t.o, plan.o(), s.q_row0 + r0, r1 - r0, h, dv, p.dtype, &qs->o);
+    gather(t.d_o, plan.d_o(), s.q_row0 + r0, r1 - r0, h, dv, p.dtype, &qs->d_o);
+    qs->rows.resize(size_t(r1 - r0));
+    for (int i = r0; i < r1; ++i) {
+      const size_t x = size_t(i - r0);
+      qs->rows[x] =
+          BwdRow{&qs->q[x * dqk], &qs->d_o[x * dv], double(t.lse[stats.offset(h, s.q_row0 + i)]),
+                 dot(&qs->d_o[x * dv], &qs->o[x * dv], dv)};
+    }
+  };
+  // dQ: items of query rows; each row's dQ over its keys in order.
+  const std::vector<Item> q_items =
+      chunked_items(p, c.segs, [](const Segment& s) { return s.len_q; });
+  parallel_for(int64_t(q_items.size()), opt.threads, [&](int64_t n) {
+    const Item it = q_items[size_t(n)];
+    const Segment s = c.segs.get(it.b);
+    std::vector<float> k, v;
+    gather(t.k, plan.k(), s.kv_row0, s.len_kv, it.hk, dqk, p.dtype, &k);
+    gather(t.v, plan.v(), s.kv_row0, s.len_kv, it.hk, dv, p.dtype, &v);
+    QuerySide qs;
     std::vector<double> dq(dqk);
-    for (int h = hk * c.group; h < (hk + 1) * c.group; ++h) {
-      gather(t.q, plan.q(), s.q_row0, s.len_q, h, dqk, p.dtype, &q);
-      gather(t.o, plan.o(), s.q_row0, s.len_q, h, dv, p.dtype, &o);
-      gather(t.d_o, plan.d_o(), s.q_row0, s.len_q, h, dv, p.dtype, &d_o);
-      for (int i = 0; i < s.len_q; ++i) {
+    for (int h = it.hk * c.group; h < (it.hk + 1) * c.group; ++h) {
+      query_side(s, h, it.r0, it.r1, &qs);
+      for (int i = it.r0; i < it.r1; ++i) {
         const int kb = plan.mask.key_begin(i, s.len_q, s.len_kv);
         const int ke = plan.mask.key_end(i, s.len_q, s.len_kv);
-        const float* qi = &q[size_t(i) * dqk];
-        const float* doi = &d_o[size_t(i) * dv];
         std::fill(dq.begin(), dq.end(), 0.0);
-        if (kb < ke) {
-          const double lse = t.lse[stats.offset(h, s.q_row0 + i)];
-          const double di = dot(doi, &o[size_t(i) * dv], dv);
-          for (int j = kb; j < ke; ++j) {
-            const float* kj = &k[size_t(j) * dqk];
-            double dtanh;
-            const double sc = c.score(qi, kj, dqk, &dtanh);
-            const double pij = rnd(std::exp(sc - lse));
-            const double dpij = rnd(dot(doi, &v[size_t(j) * dv], dv));
-            const double dsij = rnd(pij * (dpij - di)) * dtanh;
-            for (int d = 0; d < dqk; ++d) {
-              dq[d] += dsij * kj[d];
-              dk[size_t(j) * dqk + d] += dsij * qi[d];
-            }
-            for (int d = 0; d < dv; ++d) dvacc[size_t(j) * dv + d] += pij * doi[d];
-          }
+        for (int j = kb; j < ke; ++j) {
+          const float* kj = &k[size_t(j) * dqk];
+          const Pair pr = pair(qs.rows[size_t(i - it.r0)], kj, &v[size_t(j) * dv]);
+          for (int d = 0; d < dqk; ++d) dq[d] += pr.ds * kj[d];
         }
         const int64_t row = plan.dq().offset(s.q_row0 + i, h);
         for (int d = 0; d < dqk; ++d) store_elem(t.dq, row + d, p.dtype, float(dq[d] * plan.scale));
       }
     }
-    for (int j = 0; j < s.len_kv; ++j) {
-      const int64_t krow = plan.dk().offset(s.kv_row0 + j, hk);
-      const int64_t vrow = plan.dv().offset(s.kv_row0 + j, hk);
-      for (int d = 0; d < dqk; ++d) {
-        store_elem(t.dk, krow + d, p.dtype, float(dk[size_t(j) * dqk + d] * plan.scale));
+  });
+  // dK and dV: items of key rows; each key's sums over the group's heads, then the rows that see
+  // it, in order.
+  const std::vector<Item> k_items =
+      chunked_items(p, c.segs, [](const Segment& s) { return s.len_kv; });
+  parallel_for(int64_t(k_items.size()), opt.threads, [&](int64_t n) {
+    const Item it = k_items[size_t(n)];
+    const Segment s = c.segs.get(it.b);
+    const int keys = it.r1 - it.r0;
+    std::vector<float> k, v;
+    gather(t.k, plan.k(), s.kv_row0 + it.r0, keys, it.hk, dqk, p.dtype, &k);
+    gather(t.v, plan.v(), s.kv_row0 + it.r0, keys, it.hk, dv, p.dtype, &v);
+    std::vector<double> dk(size_t(keys) * dqk, 0.0), dvacc(size_t(keys) * dv, 0.0);
+    // The query rows that see any of these keys.
+    const int i0 = plan.mask.query_begin(it.r0, s.len_q, s.len_kv);
+    const int i1 = plan.mask.query_end(it.r1 - 1, s.len_q, s.len_kv);
+    QuerySide qs;
+    for (int h = it.hk * c.group; h < (it.hk + 1) * c.group && i0 < i1; ++h) {
+      query_side(s, h, i0, i1, &qs);
+      for (int i = i0; i < i1; ++i) {
+        const BwdRow& r = qs.rows[size_t(i - i0)];
+        const int kb = std::max(it.r0, plan.mask.key_begin(i, s.len_q, s.len_kv));
+        const int ke = std::min(it.r1, plan.mask.key_end(i, s.len_q, s.len_kv));
+        for (int j = kb; j < ke; ++j) {
+          const size_t x = size_t(j - it.r0);
+          const Pair pr = pair(r, &k[x * dqk], &v[x * dv]);
+          for (int d = 0; d < dqk; ++d) dk[x * dqk + d] += pr.ds * r.q[d];
+          for (int d = 0; d < dv; ++d) dvacc[x * dv + d] += pr.p * r.d_o[d];
+        }
       }
-      for (int d = 0; d < dv; ++d)
-        store_elem(t.dv, vrow + d, p.dtype, float(dvacc[size_t(j) * dv + d]));
+    }
+    for (int j = it.r0; j < it.r1; ++j) {
+      const size_t x = size_t(j - it.r0);
+      const int64_t krow = plan.dk().offset(s.kv_row0 + j, it.hk);
+      const int64_t vrow = plan.dv().offset(s.kv_row0 + j, it.hk);
+      for (int d = 0; d < dqk; ++d) {
+        store_elem(t.dk, krow + d, p.dtype, float(dk[x * dqk + d] * plan.scale));
+      }
+      for (int d = 0; d < dv; ++d) store_elem(t.dv, vrow + d, p.dtype, float(dvacc[x * dv + d]));
     }
   });
 }

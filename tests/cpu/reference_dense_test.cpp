@@ -99,6 +99,30 @@ TEST(NamedSuite, CoversTheIssue) {
   EXPECT_TRUE(one && zero && odd);
 }
 
+// The reference splits a segment's rows (and, for dK and dV, its keys) into chunks of 256 per
+// work item: segments of several chunks and of none, under a sliding window on both sides (the
+// key rows' query range is not the causal one) with a soft cap, GQA, and keys that are not the
+// queries, against the brute force.
+TEST(ReferenceChunks, LongSegmentsMatchDense) {
+  CaseSpec c = verify::named_suite(kHeadsQ, kHeadsKv).front();
+  c.name = "chunks";
+  c.backend = RATTN_BACKEND_CPU;
+  c.dtype = RATTN_DTYPE_FP32;
+  c.seqlens_q = {1500, 3, 700, 0, 257};
+  c.seqlens_kv = {1300, 9, 700, 40, 513};
+  c.mask = RATTN_MASK_NONE;
+  c.alignment = RATTN_ALIGN_BOTTOM_RIGHT;
+  c.window_left = 300;
+  c.window_right = 40;
+  c.softcap = 3.f;
+  verify::RunOptions opt;
+  opt.seed = 20261203;
+  const CaseReport r = verify::run_case(c, opt);
+  ASSERT_EQ(r.status, RATTN_SUCCESS) << r.error;
+  EXPECT_EQ(r.mode, verify::CheckMode::Dense);
+  EXPECT_TRUE(r.pass) << table(r);
+}
+
 TEST(RandomCases, ReferenceMatchesDense) {
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     verify::RandomLimits lim;
