@@ -128,7 +128,7 @@ void forward(const PlanData& plan, const FwdTensors& t, const Options& opt) {
     const Item it = items[size_t(n)];
     const int hk = it.hk;
     const Segment s = c.segs.get(it.b);
-    std::vector<float> k, v, q, scores, pv(dv);
+    std::vector<float> k, v, q, scores;
     gather(t.k, plan.k(), s.kv_row0, s.len_kv, hk, dqk, p.dtype, &k);
     gather(t.v, plan.v(), s.kv_row0, s.len_kv, hk, dv, p.dtype, &v);
     for (int h = hk * c.group; h < (hk + 1) * c.group; ++h) {
