@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import math
 import os
 import sys
@@ -76,14 +77,12 @@ def by_segment(ordered, lens, heads_kv, block, overhead):
     """The schedule's order with each segment's KV heads in blocks of block(len) heads: a block's
     heads tile by tile together, the blocks one after the other (block = heads_kv: interleaved,
     1: head by head; schedule_slot)."""
-    out, i = [], 0
-    while i < len(ordered):
-        s = ordered[i][0]
-        seg = [t for t in ordered[i:] if t[0] == s]
+    out = []
+    for s, seg in itertools.groupby(ordered, key=lambda t: t[0]):  # a segment's tiles together
+        seg = list(seg)
         n = block(lens[s])
-        for b in range(heads_kv // n):
+        for _ in range(heads_kv // n):
             out += [steps + overhead for _, _, steps in seg for _ in range(n)]
-        i += len(seg)
     return out
 
 
