@@ -90,11 +90,15 @@ void plan_bwd_workspace(PlanData* d) {
   ws.total = round_up(int64_t(cursor), kRegionAlign);
 }
 
-// The forward's scratch: the persistent kernel's work-item counter, nothing otherwise.
+// The forward's scratch: the Hopper forward's query-tile order and the persistent kernel's
+// work-item counter; nothing for the portable forward.
 void plan_fwd_workspace(PlanData* d) {
   FwdWorkspace& ws = d->fwd_ws;
   ws = FwdWorkspace{};
   size_t cursor = 0;
+  if (d->fwd.family == KernelFamily::Wgmma) {
+    ws.schedule = take(&cursor, size_t(d->fwd.tiles) * sizeof(TileCoord));
+  }
   if (d->fwd.item_ctas > 0) ws.work_counter = take(&cursor, sizeof(unsigned long long));
   ws.total = round_up(int64_t(cursor), kRegionAlign);
 }

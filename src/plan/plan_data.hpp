@@ -48,6 +48,10 @@ struct BwdWorkspace {
 };
 
 struct FwdWorkspace {
+  // TileCoord per query tile (LaunchShape::tiles): the order the Hopper forward's kernels take
+  // the query tiles in, most key tiles first over all segments (written by
+  // sm90::fwd_lpt_schedule before each kernel; the Hopper forward only).
+  Region schedule;
   // uint64: the Hopper forward's work-item counter, zeroed by the launch sequence before each
   // kernel (LaunchShape::item_ctas > 0 only).
   Region work_counter;

@@ -94,11 +94,14 @@ TEST(PlanPath, AutoWithCudaIsTheBestCudaPathWhereBuilt) {
       EXPECT_THAT(plan.describe(), ::testing::StartsWith("cuda_sm90 "));
       EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma 128x128 384thr"));
       EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
-      // A causal document of 16384 tokens: the Hopper forward's grid kernel, no forward
-      // workspace.
+      // A causal document of 16384 tokens: the Hopper forward's grid kernel, its forward
+      // workspace the query tiles' order only.
       EXPECT_EQ(plan.data().fwd.item_ctas, 0);
       EXPECT_EQ(plan.data().bwd.item_ctas, 0);
-      EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
+      EXPECT_EQ(plan.data().fwd_ws.schedule.bytes,
+                size_t(plan.data().fwd.tiles) * sizeof(TileCoord));
+      EXPECT_EQ(plan.data().fwd_ws.work_counter.bytes, 0u);
+      EXPECT_EQ(plan.workspace_bytes(Direction::Forward), plan.data().fwd_ws.total);
     } else {
       EXPECT_EQ(plan.path(), Path::CudaPortable);
     }
@@ -234,6 +237,10 @@ TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
               HasSubstr(std::to_string(sms) + " CTAs over " + std::to_string(items) + " items]"));
   EXPECT_EQ(plan.workspace_bytes(Direction::Forward), plan.data().fwd_ws.total);
   EXPECT_GE(plan.data().fwd_ws.work_counter.bytes, sizeof(unsigned long long));
+  // Both forward kernels take the query tiles' order from the workspace, apart from the counter.
+  EXPECT_EQ(plan.data().fwd_ws.schedule.bytes, size_t(plan.data().fwd.tiles) * sizeof(TileCoord));
+  EXPECT_GE(plan.data().fwd_ws.work_counter.offset,
+            plan.data().fwd_ws.schedule.offset + plan.data().fwd_ws.schedule.bytes);
   // The persistent kernel's own buffers (two Q tiles, two K/V stages at D = 128).
   EXPECT_EQ(plan.data().fwd.stages, sm90::fwd_config(p.head_dim_qk, p.head_dim_v, true).stages);
   EXPECT_EQ(plan.data().fwd.smem_bytes, sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).bytes);
@@ -245,7 +252,8 @@ TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   EXPECT_EQ(plan.data().fwd.item_ctas, 0);
   EXPECT_EQ(plan.data().fwd.smem_bytes, sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes);
   EXPECT_THAT(plan.describe(), ::testing::Not(HasSubstr("CTAs over")));
-  EXPECT_EQ(plan.workspace_bytes(Direction::Forward), 0u);
+  EXPECT_EQ(plan.data().fwd_ws.work_counter.bytes, 0u);  // the grid kernel: the order only
+  EXPECT_EQ(plan.workspace_bytes(Direction::Forward), plan.data().fwd_ws.total);
   // The same documents under a window of 256 keys back: short items again.
   p.mask = RATTN_MASK_NONE;
   p.window_left = 255;

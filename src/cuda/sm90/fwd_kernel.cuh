@@ -52,6 +52,9 @@ struct FwdTmaParams {
   int64_t work_tiles;                // the ragged tile map's index space (LaunchShape::tiles)
   int heads;                         // query heads: work items = work_tiles x heads
   unsigned long long* work_counter;  // items claimed past the first gridDim.x; zero at launch
+  // The query tiles' order, most key tiles first (FwdWorkspace::schedule, written by
+  // sm90::fwd_lpt_schedule before each launch): work tile i is schedule[i], for every head.
+  const TileCoord* schedule;
 };
 
 // The K/V ring's barriers. Where K and V are apart (config.hpp's fwd_kv_split; FlashAttention-3's
@@ -558,8 +561,8 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   return n_tiles;
 }
 
-// One CTA per work item: grid (tiles x group, KV heads), the tile index from the last (heaviest
-// causal tiles first).
+// One CTA per work item: grid (tiles x group, KV heads), the tiles in the schedule's order (most
+// key tiles first over all segments).
 template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_kernel(const __grid_constant__ FwdTmaParams args) {
@@ -584,8 +587,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // The query tile and head (the Plan's LaunchShape::inner_heads, a KV head's query heads: the
   // group's CTAs of one tile are consecutive and read the same K/V tiles at about the same time).
   const GridSlot slot = grid_slot(blockIdx.x, blockIdx.y, uint32_t(p.group));
-  const int64_t tiles = gridDim.x / p.group;
-  const TileCoord tc = p.tiles.locate(tiles - 1 - slot.tile, p.segs.cu_q);
+  const TileCoord tc = args.schedule[slot.tile];
   if (tc.segment < 0) return;
   const int h = slot.head, hk = h / p.group;
   const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
@@ -657,8 +659,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: producer; 1..consumers: consumer warpgroups
-  // Work item wi: KV head major, then the tile-map index from the last (a segment's last,
-  // heaviest causal tiles first), then the query heads of the KV head's GQA group fastest. The
+  // Work item wi: KV head major, then the schedule's tiles (most key tiles first over all
+  // segments), then the query heads of the KV head's GQA group fastest. The
   // group's heads read the same K/V tiles at about the same time, and the CTAs in flight together
   // stream the K/V of about one KV head, which stays in L2. (Query head fastest over all heads
   // made the CTAs in flight read every KV head's keys at once: 64 MB on a 16k document, more
@@ -685,7 +687,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     Item it;
     const int64_t rest = wi / p.group;  // (KV head, tile) pairs
     it.h = int(rest / work_tiles) * p.group + int(wi % p.group);
-    const TileCoord tc = p.tiles.locate(work_tiles - 1 - rest % work_tiles, p.segs.cu_q);
+    const TileCoord tc = args.schedule[rest % work_tiles];
     it.valid = tc.segment >= 0;
     if (it.valid) it.w = portable::query_tile_work<BM>(p, tc);
     return it;

@@ -8,13 +8,15 @@
 #include "cuda/dispatch_dims.cuh"
 #include "cuda/launch_kernel.cuh"
 #include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/sm90/schedule.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 
 namespace raggedattn {
 namespace cuda {
 namespace {
 
-// One forward launch at head dims DQK / DV: the grid kernel or the persistent kernel (the Plan's
+// One forward launch at head dims DQK / DV after the query tiles' order (schedule.cuh; its tiles
+// are the kernel's, from fwd_config): the grid kernel or the persistent kernel (the Plan's
 // LaunchShape::item_ctas picks). The instantiations: bf16 and fp16 at each pair of
 // RATTN_SM90_FWD_HEAD_DIMS.
 struct FwdLauncher {
@@ -28,9 +30,21 @@ struct FwdLauncher {
     if (d.fwd.item_ctas == 0 && d.fwd.inner_heads != hq / d.problem.num_heads_kv) {
       return cudaErrorInvalidConfiguration;
     }
-    return d.fwd.item_ctas > 0
-               ? launch_kernel(sm90::fwd_persistent_kernel<T, DQK, DV>, d.fwd, hq, a, s)
-               : launch_kernel(sm90::fwd_kernel<T, DQK, DV>, d.fwd, hq, a, s);
+    const bool persistent = d.fwd.item_ctas > 0;
+    constexpr sm90::FwdConfig cg = sm90::fwd_config(DQK, DV, false);
+    constexpr sm90::FwdConfig cp = sm90::fwd_config(DQK, DV, true);
+    TileCoord* order = const_cast<TileCoord*>(a.schedule);
+    if (persistent) {
+      sm90::fwd_lpt_schedule<cp.block_m, cp.block_n>
+          <<<1, sm90::kScheduleThreads, 0, s>>>(a.p, order, int(d.fwd.tiles));
+    } else {
+      sm90::fwd_lpt_schedule<cg.block_m, cg.block_n>
+          <<<1, sm90::kScheduleThreads, 0, s>>>(a.p, order, int(d.fwd.tiles));
+    }
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    return persistent ? launch_kernel(sm90::fwd_persistent_kernel<T, DQK, DV>, d.fwd, hq, a, s)
+                      : launch_kernel(sm90::fwd_kernel<T, DQK, DV>, d.fwd, hq, a, s);
   }
 };
 RATTN_DEFINE_DIMS_DISPATCH(dispatch, RATTN_SM90_FWD_HEAD_DIMS)
@@ -50,6 +64,7 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
   a.work_tiles = d.fwd.tiles;
   a.heads = pr.num_heads_q;
   a.work_counter = d.fwd_ws.work_counter.in<unsigned long long>(workspace);
+  a.schedule = d.fwd_ws.schedule.in<TileCoord>(workspace);
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "q", &a.q_map, pr.dtype, t.q, d.q(), pr.num_heads_q,
                                      pr.total_q, pr.head_dim_qk, d.fwd.block_m));
   RATTN_RETURN_IF_ERROR(make_thd_map("forward", "k", &a.k_map, pr.dtype, t.k, d.k(),
@@ -61,6 +76,11 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
                          "the persistent Hopper forward takes work items from a counter in the "
                          "forward's workspace; this plan has ",
                          d.fwd.item_ctas, " CTAs and no work counter");
+  }
+  if (a.schedule == nullptr) {  // the Plan sizes the workspace for it
+    return not_supported("forward",
+                         "the Hopper forward takes its query tiles' order from the forward's "
+                         "workspace; this plan has no schedule region");
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The work counter starts at zero on every call (in a captured graph: a memset node).

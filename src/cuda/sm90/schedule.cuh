@@ -1,3 +1,5 @@
+// The Hopper kernels' work orders, each written by one CTA before its main kernel (lpt_sort: a
+// stable counting sort). The forward's: fwd_lpt_schedule below.
 // The Hopper backward's order of (key tile, KV head) pairs (BwdWorkspace::schedule), one per CTA:
 // segments with the most work first, each segment's key tiles together, so that the CTAs that run
 // longest start first, the last wave is made of short ones (longest processing time first, by
@@ -24,6 +26,7 @@
 #pragma once
 
 #include "cuda/portable/bwd_common.cuh"
+#include "cuda/portable/fwd_common.cuh"
 #include "cuda/portable/params.hpp"
 
 namespace raggedattn {
@@ -50,18 +53,17 @@ __device__ __forceinline__ int schedule_bucket(const portable::BwdParams& p, con
   return kScheduleBuckets - 1 - min(steps, kScheduleBuckets - 1);
 }
 
-template <int BM, int BN>
-__global__ void __launch_bounds__(kScheduleThreads)
-    bwd_lpt_schedule(const portable::BwdParams p, HeadTile* order, int n, int heads,
-                     int64_t interleave_rows) {
+// One CTA of kScheduleThreads: a stable counting sort of the tiles tile_at(0 .. n - 1) by
+// bucket_of(tile) (0 first, kScheduleBuckets - 1 last), then emit(tile, pos) with each tile's
+// position in that order: both schedules below.
+template <class TileAt, class BucketOf, class Emit>
+__device__ __forceinline__ void lpt_sort(int n, TileAt tile_at, BucketOf bucket_of, Emit emit) {
   __shared__ int start[kScheduleBuckets];
   __shared__ int warp_sums[kScheduleThreads / 32];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   for (int k = tid; k < kScheduleBuckets; k += kScheduleThreads) start[k] = 0;
   __syncthreads();
-  for (int x = tid; x < n; x += kScheduleThreads) {
-    atomicAdd(&start[schedule_bucket<BM, BN>(p, p.kv_tiles.locate(x, p.segs.cu_kv))], 1);
-  }
+  for (int x = tid; x < n; x += kScheduleThreads) atomicAdd(&start[bucket_of(tile_at(x))], 1);
   __syncthreads();
   // Exclusive prefix sum over the buckets: thread t owns buckets 2t and 2t + 1.
   const int c0 = start[2 * tid], c1 = start[2 * tid + 1];
@@ -78,8 +80,8 @@ __global__ void __launch_bounds__(kScheduleThreads)
   // tile after the lanes below it with the same bucket.
   for (int x0 = 0; x0 < n; x0 += kScheduleThreads) {
     const int x = x0 + tid;
-    const TileCoord tc = x < n ? p.kv_tiles.locate(x, p.segs.cu_kv) : TileCoord{-1, 0};
-    const int k = x < n ? schedule_bucket<BM, BN>(p, tc) : -1;
+    const TileCoord tc = x < n ? tile_at(x) : TileCoord{-1, 0};
+    const int k = x < n ? bucket_of(tc) : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, k);
     const int rank = __popc(peers & ((1u << lane) - 1u));
     const bool leader = rank == 0;
@@ -88,6 +90,21 @@ __global__ void __launch_bounds__(kScheduleThreads)
         const int pos = start[k] + rank;
         __syncwarp(peers);
         if (leader) start[k] = pos + __popc(peers);
+        emit(tc, pos);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+template <int BM, int BN>
+__global__ void __launch_bounds__(kScheduleThreads)
+    bwd_lpt_schedule(const portable::BwdParams p, HeadTile* order, int n, int heads,
+                     int64_t interleave_rows) {
+  lpt_sort(
+      n, [&](int x) { return p.kv_tiles.locate(x, p.segs.cu_kv); },
+      [&](const TileCoord& tc) { return schedule_bucket<BM, BN>(p, tc); },
+      [&](const TileCoord& tc, int pos) {
         // A gap's index stands alone (its CTAs return at once): a segment of one tile.
         const Segment seg = tc.segment >= 0 ? p.segs.get(tc.segment) : Segment{};
         const int K = tc.segment >= 0 ? int(p.kv_tiles.count(seg.len_kv)) : 1;
@@ -96,10 +113,27 @@ __global__ void __launch_bounds__(kScheduleThreads)
         for (int h = 0; h < heads; ++h) {
           order[schedule_slot(pos - kt, kt, K, h, heads, interleaved)] = HeadTile{tc, h};
         }
-      }
-      __syncthreads();
-    }
-  }
+      });
+}
+
+// The Hopper forward's query-tile order (FwdWorkspace::schedule), the same for every head: the
+// tiles with the most key tiles first over all segments (longest processing time first: the last
+// wave, or the persistent kernel's last items, are the lightest tiles), ties in tile-map order.
+// Both forward kernels take their tiles from it (the grid kernel's x, the persistent kernel's
+// items), so their KV heads still run one after the other and a tile's GQA group together. A
+// query tile's work is its key tiles (portable::key_tiles of query_tile_work: the count its
+// producer and consumers loop over); a gap's index or a tile that sees no key counts as none.
+template <int BM, int BN>
+__global__ void __launch_bounds__(kScheduleThreads)
+    fwd_lpt_schedule(const portable::FwdParams p, TileCoord* order, int n) {
+  lpt_sort(
+      n, [&](int x) { return p.tiles.locate(x, p.segs.cu_q); },
+      [&](const TileCoord& tc) {
+        if (tc.segment < 0) return kScheduleBuckets - 1;
+        const int count = portable::key_tiles<BN>(portable::query_tile_work<BM>(p, tc)).count;
+        return kScheduleBuckets - 1 - min(count, kScheduleBuckets - 1);
+      },
+      [&](const TileCoord& tc, int pos) { order[pos] = tc; });
 }
 
 }  // namespace sm90
