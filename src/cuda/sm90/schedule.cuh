@@ -76,8 +76,9 @@ __device__ __forceinline__ void lpt_sort(int n, TileAt tile_at, BucketOf bucket_
   start[2 * tid] = before;
   start[2 * tid + 1] = before + c0;
   __syncthreads();
-  // The scatter, stable: kScheduleThreads tiles at a time, warp by warp, and inside a warp each
-  // tile after the lanes below it with the same bucket.
+  // The scatter, stable: kScheduleThreads tiles at a time, their positions taken warp by warp,
+  // inside a warp each tile after the lanes below it with the same bucket; then every thread
+  // emits its tile at once (only the positions are taken in turn).
   for (int x0 = 0; x0 < n; x0 += kScheduleThreads) {
     const int x = x0 + tid;
     const TileCoord tc = x < n ? tile_at(x) : TileCoord{-1, 0};
@@ -85,15 +86,16 @@ __device__ __forceinline__ void lpt_sort(int n, TileAt tile_at, BucketOf bucket_
     const unsigned peers = __match_any_sync(0xffffffffu, k);
     const int rank = __popc(peers & ((1u << lane) - 1u));
     const bool leader = rank == 0;
+    int pos = 0;
     for (int w = 0; w < kScheduleThreads / 32; ++w) {
       if (warp == w && k >= 0) {
-        const int pos = start[k] + rank;
+        pos = start[k] + rank;
         __syncwarp(peers);
         if (leader) start[k] = pos + __popc(peers);
-        emit(tc, pos);
       }
       __syncthreads();
     }
+    if (k >= 0) emit(tc, pos);
   }
 }
 
