@@ -7,7 +7,8 @@
 # STEPs: info check tests sanitize repeat profile profile_source percycle bench anchors python
 # train ab (default: info check tests sanitize bench). `repeat` runs `check` REPEAT times (10)
 # under REPEAT_TOOL (a compute-sanitizer tool, default synccheck; `none`: no tool) with
-# REPEAT_ARGS (default `--backend cuda --heads 2/1`), keeps every run's output, and reruns each
+# REPEAT_ARGS (default `--backend cuda --heads 2/1`), writes one line per run (verdict, seed, each
+# case's worst rel/bound) to repeat_summary.txt, keeps every failing run's output, and reruns each
 # failing run's seed without the tool: a case that fails there too is its bound's, one that
 # passes there points at the tool's timing (a race).
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
@@ -101,11 +102,20 @@ for s in $steps; do
           step "repeat_${tool}_$i" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
             "$cli" check $args
         fi
-        if ! grep -q '^PASS (' "$out/repeat_${tool}_$i.txt"; then
+        log="$out/repeat_${tool}_$i.txt"
+        seed=$(sed -n 's/^raggedattn .*, seed \([0-9]*\)$/\1/p' "$log" | head -n 1)
+        # One line per run in repeat_summary.txt: its verdict, seed and every case's worst
+        # rel/bound (the summary's lines), so the margins come back without the logs.
+        echo "run $i seed ${seed:-?} $(grep -E '^(PASS|FAIL) \(' "$log" | tail -n 1)" \
+          "$(grep -E '^[a-z0-9_]+ +(PASS|FAIL) ' "$log" | sort -u |
+             sed -n 's/^\([a-z0-9_]*\) .*worst rel\/bound \([0-9.]*\).*/\1=\2/p' | tr '\n' ' ')" \
+          >>"$out/repeat_summary.txt"
+        if ! grep -q '^PASS (' "$log"; then
           fails=$((fails + 1))
-          seed=$(sed -n 's/^raggedattn .*, seed \([0-9]*\)$/\1/p' "$out/repeat_${tool}_$i.txt" | head -n 1)
-          grep -E '^[a-z0-9_]+ +FAIL' "$out/repeat_${tool}_$i.txt" | sed 's/^/   failed: /'
+          grep -E '^[a-z0-9_]+ +FAIL' "$log" | sed 's/^/   failed: /'
           [ -n "$seed" ] && step "repeat_${tool}_${i}_plain" 300 "$cli" check $args --seed "$seed"
+        else
+          rm -f "$log"  # a passing run's log: its line above is its record
         fi
       done
       echo "   repeat: $fails of ${REPEAT:-10} runs under $tool failed" ;;
