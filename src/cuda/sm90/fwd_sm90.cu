@@ -31,16 +31,13 @@ struct FwdLauncher {
       return cudaErrorInvalidConfiguration;
     }
     const bool persistent = d.fwd.item_ctas > 0;
-    constexpr sm90::FwdConfig cg = sm90::fwd_config(DQK, DV, false);
+    // Both kernels have the same tiles (the Plan's d.fwd.tiles counts them once), so one order.
+    constexpr sm90::FwdConfig c = sm90::fwd_config(DQK, DV, false);
     constexpr sm90::FwdConfig cp = sm90::fwd_config(DQK, DV, true);
-    TileCoord* order = const_cast<TileCoord*>(a.schedule);
-    if (persistent) {
-      sm90::fwd_lpt_schedule<cp.block_m, cp.block_n>
-          <<<1, sm90::kScheduleThreads, 0, s>>>(a.p, order, int(d.fwd.tiles));
-    } else {
-      sm90::fwd_lpt_schedule<cg.block_m, cg.block_n>
-          <<<1, sm90::kScheduleThreads, 0, s>>>(a.p, order, int(d.fwd.tiles));
-    }
+    static_assert(c.block_m == cp.block_m && c.block_n == cp.block_n,
+                  "the persistent and grid forward kernels share the query tiles' order");
+    sm90::fwd_lpt_schedule<c.block_m, c.block_n><<<1, sm90::kScheduleThreads, 0, s>>>(
+        a.p, const_cast<TileCoord*>(a.schedule), int(d.fwd.tiles));
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     return persistent ? launch_kernel(sm90::fwd_persistent_kernel<T, DQK, DV>, d.fwd, hq, a, s)

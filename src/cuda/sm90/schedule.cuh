@@ -45,12 +45,17 @@ __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
   return v;
 }
 
-// Bucket of key tile tc: its segment's, 0 for the most steps, kScheduleBuckets - 1 for none.
+// The counting sort's bucket of a tile with `work` units of work: 0 for the most (clamped),
+// kScheduleBuckets - 1 for none. Both schedules' tiles sort by it.
+__device__ __forceinline__ int lpt_bucket(int work) {
+  return kScheduleBuckets - 1 - min(work, kScheduleBuckets - 1);
+}
+
+// Bucket of key tile tc: its segment's steps (a gap's index: none).
 template <int BM, int BN>
 __device__ __forceinline__ int schedule_bucket(const portable::BwdParams& p, const TileCoord& tc) {
-  if (tc.segment < 0) return kScheduleBuckets - 1;
-  const int steps = portable::key_tile_work<BM, BN>(p, TileCoord{tc.segment, 0}).m_count;
-  return kScheduleBuckets - 1 - min(steps, kScheduleBuckets - 1);
+  if (tc.segment < 0) return lpt_bucket(0);
+  return lpt_bucket(portable::key_tile_work<BM, BN>(p, TileCoord{tc.segment, 0}).m_count);
 }
 
 // One CTA of kScheduleThreads: a stable counting sort of the tiles tile_at(0 .. n - 1) by
@@ -131,9 +136,8 @@ __global__ void __launch_bounds__(kScheduleThreads)
   lpt_sort(
       n, [&](int x) { return p.tiles.locate(x, p.segs.cu_q); },
       [&](const TileCoord& tc) {
-        if (tc.segment < 0) return kScheduleBuckets - 1;
-        const int count = portable::key_tiles<BN>(portable::query_tile_work<BM>(p, tc)).count;
-        return kScheduleBuckets - 1 - min(count, kScheduleBuckets - 1);
+        if (tc.segment < 0) return lpt_bucket(0);
+        return lpt_bucket(portable::key_tiles<BN>(portable::query_tile_work<BM>(p, tc)).count);
       },
       [&](const TileCoord& tc, int pos) { order[pos] = tc; });
 }
