@@ -194,9 +194,11 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
     // each has its own buffers.
     const int64_t tiles = RaggedTiles::bound(p.total_q, p.batch,
                                              sm90::fwd_config(p.head_dim_qk, p.head_dim_v).block_m);
-    const int64_t ctas = sm90::fwd_ctas(d->caps.num_sms, tiles * p.num_heads_q,
-                                        sm90::fwd_persistent(p.head_dim_qk, p.head_dim_v, d->mask,
-                                                             p.max_seqlen_q, p.max_seqlen_kv));
+    const int64_t ctas = sm90::fwd_ctas(
+        d->caps.num_sms, tiles * p.num_heads_q,
+        sm90::fwd_persistent(
+            p.head_dim_qk, p.head_dim_v, d->mask,
+            sm90::FwdDocs::of(p.total_q, p.total_kv, p.batch, p.max_seqlen_q, p.max_seqlen_kv)));
     const bool persistent = ctas > 0;
     const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v, persistent);
     d->fwd = LaunchShape{KernelFamily::Wgmma,

@@ -183,9 +183,10 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
 
 TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // sm90::fwd_persistent: the persistent kernel where the longest document's query tiles see at
-  // most fwd_persistent_max_mean_key_tiles key tiles on average under the mask
-  // (fwd_mean_key_tiles, in the kernel's key tiles). The persistent kernel runs one CTA per SM
+  // sm90::fwd_persistent: the persistent kernel where a document of the problem's mean length
+  // sees at most fwd_persistent_max_mean_key_tiles key tiles on average under the mask
+  // (fwd_mean_key_tiles, in the kernel's key tiles) and its longest at most
+  // fwd_persistent_max_longest_key_tiles. The persistent kernel runs one CTA per SM
   // over all work items (never more CTAs than
   // items), with its counter in the forward's workspace; the grid kernel otherwise. The Plan says
   // which.
@@ -199,29 +200,58 @@ TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(bottom_right, 100, 6000, 128, 128), 47.0);
   EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 100, 100, 128, 128), 1.0);
   EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 0, 0, 128, 128), 0.0);
-  EXPECT_TRUE(sm90::fwd_persistent(128, 128, causal, 6144, 6144));
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal, 6401, 6401));  // 51 tiles: 26 on average
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal, 16384, 16384));
-  EXPECT_TRUE(sm90::fwd_persistent(128, 128, none, 3200, 3200));
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, none, 3201, 3201));
-  EXPECT_TRUE(sm90::fwd_persistent(128, 128, window, 32768, 32768));
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, bottom_right, 100, 6000));
+  EXPECT_TRUE(sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::equal(6144)));
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal,
+                                    sm90::FwdDocs::equal(6401)));  // 51 tiles: 26 on average
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::equal(16384)));
+  EXPECT_TRUE(sm90::fwd_persistent(128, 128, none, sm90::FwdDocs::equal(3200)));
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, none, sm90::FwdDocs::equal(3201)));
+  EXPECT_TRUE(sm90::fwd_persistent(128, 128, window, sm90::FwdDocs::equal(32768)));
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, bottom_right, {100, 6000, 100, 6000}));
   // The other head dims' limits, on both sides: D = 64 up to 17 (a causal document of 33 tiles
   // sees 17 on average, one of 34 17.5), 192/128 up to 64.5 (128 tiles), 256 up to 129 in its
   // 64-key tiles (a causal document of 16384 tokens: query tile t sees 2 (t + 1)).
   EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 16384, 16384, 128, 64), 129.0);
   EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 33 * 128, 33 * 128, 128, 128), 17.0);
-  EXPECT_TRUE(sm90::fwd_persistent(64, 64, causal, 33 * 128, 33 * 128));
-  EXPECT_FALSE(sm90::fwd_persistent(64, 64, causal, 33 * 128 + 1, 33 * 128 + 1));
-  EXPECT_TRUE(sm90::fwd_persistent(192, 128, causal, 16384, 16384));
-  EXPECT_FALSE(sm90::fwd_persistent(192, 128, causal, 16385, 16385));
-  EXPECT_TRUE(sm90::fwd_persistent(256, 256, causal, 16384, 16384));
-  EXPECT_FALSE(sm90::fwd_persistent(256, 256, causal, 16385, 16385));
-  EXPECT_TRUE(sm90::fwd_persistent(256, 256, none, 129 * 64, 129 * 64));  // every key: 129 tiles
-  EXPECT_FALSE(sm90::fwd_persistent(256, 256, none, 129 * 64 + 1, 129 * 64 + 1));
+  EXPECT_TRUE(sm90::fwd_persistent(64, 64, causal, sm90::FwdDocs::equal(33 * 128)));
+  EXPECT_FALSE(sm90::fwd_persistent(64, 64, causal, sm90::FwdDocs::equal(33 * 128 + 1)));
+  EXPECT_TRUE(sm90::fwd_persistent(192, 128, causal, sm90::FwdDocs::equal(16384)));
+  EXPECT_FALSE(sm90::fwd_persistent(192, 128, causal, sm90::FwdDocs::equal(16385)));
+  EXPECT_TRUE(sm90::fwd_persistent(256, 256, causal, sm90::FwdDocs::equal(16384)));
+  EXPECT_FALSE(sm90::fwd_persistent(256, 256, causal, sm90::FwdDocs::equal(16385)));
+  EXPECT_TRUE(sm90::fwd_persistent(256, 256, none,
+                                   sm90::FwdDocs::equal(129 * 64)));  // every key: 129 tiles
+  EXPECT_FALSE(sm90::fwd_persistent(256, 256, none, sm90::FwdDocs::equal(129 * 64 + 1)));
+  // A pack of documents of different lengths (D = 128): docs_mixed_32k's bounds (32768 tokens
+  // in 9 documents, the longest 7198: 29 tiles on average; a document of the mean length, 3641
+  // tokens, 14.7) persistent, up to a longest of 7296 (29); past 29 for the longest (7297: 29.5)
+  // or 25 for the mean the grid.
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 7198, 7198, 128, 128), 29.0);
+  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 7553, 7553, 128, 128), 30.5);
+  EXPECT_EQ(sm90::FwdDocs::of(32768, 32768, 9, 7198, 7198).mean_q, 3641);
+  EXPECT_EQ(sm90::FwdDocs::of(20000, 20000, 2, 300, 300).mean_q, 300);  // at most the bound
+  EXPECT_TRUE(
+      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(32768, 32768, 9, 7198, 7198)));
+  EXPECT_TRUE(
+      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(32768, 32768, 9, 7296, 7296)));
+  EXPECT_FALSE(
+      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(32768, 32768, 9, 7297, 7297)));
+  EXPECT_FALSE(
+      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(32768, 32768, 9, 7553, 7553)));
+  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::equal(7168)));  // 28.5
+  EXPECT_FALSE(
+      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(2 * 6401, 2 * 6401, 2, 6401, 6401)));
+  // One long document among empty segments: the longest decides.
+  EXPECT_FALSE(
+      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(16384, 16384, 64, 16384, 16384)));
+  // The other head dims: the mean's limit for the longest too, so equal documents' rule.
+  EXPECT_TRUE(
+      sm90::fwd_persistent(64, 64, causal, sm90::FwdDocs::of(8192, 8192, 4, 33 * 128, 33 * 128)));
+  EXPECT_FALSE(
+      sm90::fwd_persistent(64, 64, causal, sm90::FwdDocs::of(8192, 8192, 4, 34 * 128, 34 * 128)));
   for (const auto& dims : {std::pair<int, int>{64, 64}, std::pair<int, int>{192, 128},
                            std::pair<int, int>{256, 256}}) {
-    EXPECT_TRUE(sm90::fwd_persistent(dims.first, dims.second, window, 32768, 32768));
+    EXPECT_TRUE(sm90::fwd_persistent(dims.first, dims.second, window, sm90::FwdDocs::equal(32768)));
   }
 
   const int sms = fake_hopper_caps().num_sms;
@@ -247,7 +277,7 @@ TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   EXPECT_EQ(sm90::fwd_smem(p.head_dim_qk, p.head_dim_v, true).q_buffers,
             p.head_dim_qk <= 128 ? 2 : 1);
 
-  p.max_seqlen_q = p.max_seqlen_kv = 6401;
+  p.max_seqlen_q = p.max_seqlen_kv = 7553;  // the longest past 29 key tiles (30.5)
   ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
   EXPECT_EQ(plan.data().fwd.item_ctas, 0);
   EXPECT_EQ(plan.data().fwd.smem_bytes, sm90::fwd_smem(p.head_dim_qk, p.head_dim_v).bytes);

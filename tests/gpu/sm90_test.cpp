@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <numeric>
 #include <regex>
 #include <string>
 #include <vector>
@@ -70,12 +71,13 @@ INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
                          });
 
 // The Hopper forward's two kernels (sm90::fwd_persistent): the persistent one, one CTA per SM over
-// all work items, where the longest document's items are short; the grid one, one CTA per item,
-// where they are long (at D = 128 under a causal mask: up to 6144 tokens, 24.5 key tiles per
-// query tile on average, and from 6401, 26; at D = 64 up to 4224 tokens, 17, and from 4225, 17.5;
-// at Dqk 192 / Dv 128 and D = 256 up to 16k tokens). Each must match the reference, and the Plan
-// must have chosen it (the persistent kernel's description says "N CTAs over M items", the grid
-// kernel's says nothing).
+// all work items, where the items are short; the grid one, one CTA per item, where they are long
+// (at D = 128 under a causal mask: a document of the mean length up to 6144 tokens, 24.5 key
+// tiles per query tile on average, and the longest up to 7296, 29 (7198 among shorter ones
+// below), the grid kernel from 7297, 29.5 (7553 below); at D = 64 up to 4224 tokens, 17, and from
+// 4225, 17.5; at Dqk 192 / Dv 128 and D = 256 up to 16k tokens). Each must match the reference, and
+// the Plan must have chosen it (the persistent kernel's description says "N CTAs over M items", the
+// grid kernel's says nothing).
 TEST(HopperForward, BothKernelsMatchTheReference) {
   RATTN_REQUIRE_SM90();
   const int sms = query_device().num_sms;
@@ -89,8 +91,9 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
   };
   const Schedule schedules[] = {
       {"persistent", {6144, 300, 1, 77}, 3, 1, true},
-      {"grid", {6401, 200, 33}, 1, 1, false},
-      {"grid_mqa", {33, 6401}, 2, 1, false},
+      {"persistent_mixed", {7198, 300, 77}, 2, 1, true},
+      {"grid", {7553, 200, 33}, 1, 1, false},
+      {"grid_mqa", {33, 7553}, 2, 1, false},
       {"grid_d64", {4300, 33, 0}, 2, 1, false, 64},
       {"persistent_d256", {3000, 100, 1}, 6, 2, true, 256},
       {"persistent_d64", {4096, 77, 1}, 5, 1, true, 64},
@@ -99,9 +102,11 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
   const MaskSpec causal{-1, 0, 0};
   for (const Schedule& sc : schedules) {
     const int longest = *std::max_element(sc.lens.begin(), sc.lens.end());
+    const int64_t total = std::accumulate(sc.lens.begin(), sc.lens.end(), int64_t{0});
     const int dim_v = sc.dim_v ? sc.dim_v : sc.dim;
-    ASSERT_EQ(sm90::fwd_persistent(sc.dim, dim_v, causal, longest, longest), sc.persistent)
-        << sc.name;
+    const sm90::FwdDocs docs =
+        sm90::FwdDocs::of(total, total, int64_t(sc.lens.size()), longest, longest);
+    ASSERT_EQ(sm90::fwd_persistent(sc.dim, dim_v, causal, docs), sc.persistent) << sc.name;
   }
   for (const Schedule& sc : schedules) {
     SCOPED_TRACE(sc.name);

@@ -112,14 +112,23 @@ constexpr int kAutoMinSeqlenKv = 96;
 // and 128 the grid kernel holds half of Q in registers (fwd_q_reg_ksteps) and at D = 128 a third
 // K/V stage where the persistent one has a second Q buffer (fwd_config); at Dqk 192 and 256 both
 // have one Q buffer and two stages. fwd_persistent decides from the key tiles
-// (the kernel's block_n) the longest document's query tiles see on average (fwd_mean_key_tiles,
-// under the problem's mask): persistent up to fwd_persistent_max_mean_key_tiles. Measured on the
+// (the kernel's block_n) a document's query tiles see on average (fwd_mean_key_tiles, under the
+// problem's mask): persistent where a document of the problem's mean length (total / batch: the
+// Plan knows the bounds, not the lengths) sees at most fwd_persistent_max_mean_key_tiles and its
+// longest at most fwd_persistent_max_longest_key_tiles. What decides is the length of the items
+// the problem has, and a pack's items are mostly its shorter documents' (item 103: docs_mixed_32k,
+// longest 29, all its items 21.7 on average, +0.8-0.9% persistent, where equal documents of 28.5
+// ran 0.9% faster on the grid kernel). For equal documents (mean = longest) the first limit
+// decides. Measured on the
 // H200 (Hq 32 / Hkv 8, bf16, 32k-token packs of equal causal documents, docs_mixed_32k's
 // documents and one 16k document, forward TFLOP/s, persistent against grid; the mean in
 // parentheses):
 //   D = 128 (docs/PERFORMANCE.md item 89, two rounds): 1536 tokens (6.5) +7.2%, 2048 (8.5)
 //     +5.2%, 3072 (12.5) +2.3%, 4096 (16.5) +3.6%, 6144 (24.5) +0.8%; one round: docs_mixed_32k
-//     (longest 7198: 29) +0.2%, 16384 (64.5) -0.9%. Up to 25.
+//     (longest 7198: 29) +0.2%, 16384 (64.5) -0.9%. Again after item 101 (item 103, three rounds):
+//     3072 (12.5) +2.7%, 6144 (24.5) -0.3%, 7168 (28.5) -0.9%, 7552 (30) -0.6%, docs_mixed_32k
+//     (29; its mean document 3641 tokens: 14.7) +0.9% and +0.8% (two calls), docs_mixed_32k_full
+//     (57) -1.6%, 16384 (64.5) -2.3%. Up to 25, the longest up to 29.
 //   D = 64 (item 91, one round): 1536 (6.5) +12.7%, 3072 (12.5) +2.7%, 4096 (16.5) +1.6%, 6144
 //     (24.5) -1.9%. Up to 17.
 //   Dqk 192 / Dv 128 (item 91, one round): 1536 (6.5) +8.6%, 6144 (24.5) +3.1%, docs_mixed_32k
@@ -131,6 +140,10 @@ constexpr int kAutoMinSeqlenKv = 96;
 // rule.)
 RATTN_HD constexpr double fwd_persistent_max_mean_key_tiles(int dqk, int /*dv*/) {
   return dqk == 64 ? 17 : dqk == 128 ? 25 : dqk == 192 ? 64.5 : 129;
+}
+// Measured beyond the mean's limit on a mixed pack at D = 128 only; elsewhere the same limit.
+RATTN_HD constexpr double fwd_persistent_max_longest_key_tiles(int dqk, int dv) {
+  return dqk == 128 ? 29 : fwd_persistent_max_mean_key_tiles(dqk, dv);
 }
 // The mean over the query tiles (bm rows) of one document of len_q queries and len_kv keys of the
 // key tiles (bn keys) each sees under `mask`: the forward's work items' length in key tiles.
@@ -144,11 +157,30 @@ inline double fwd_mean_key_tiles(const MaskSpec& mask, int len_q, int len_kv, in
   }
   return double(seen) / tiles_q;
 }
-inline bool fwd_persistent(int dqk, int dv, const MaskSpec& mask, int64_t max_seqlen_q,
-                           int64_t max_seqlen_kv) {
+// The problem's documents as the Plan knows them: its longest (the bounds) and one of its mean
+// length (rows over segments, rounded up, at most the bound: padded THD's rows and bounds that
+// are loose both stay within it; empty segments count, as they lower the items' average too).
+struct FwdDocs {
+  int64_t max_q, max_kv;    // max_seqlen_q, max_seqlen_kv
+  int64_t mean_q, mean_kv;  // min(ceil(total / batch), max)
+  static FwdDocs of(int64_t total_q, int64_t total_kv, int64_t batch, int64_t max_q,
+                    int64_t max_kv) {
+    const int64_t b = batch > 0 ? batch : 1;
+    const auto mean = [b](int64_t total, int64_t max) {
+      const int64_t m = (total + b - 1) / b;
+      return m < max ? m : max;
+    };
+    return {max_q, max_kv, mean(total_q, max_q), mean(total_kv, max_kv)};
+  }
+  static FwdDocs equal(int64_t len) { return {len, len, len, len}; }  // documents of one length
+};
+inline bool fwd_persistent(int dqk, int dv, const MaskSpec& mask, const FwdDocs& docs) {
   const FwdConfig c = fwd_config(dqk, dv, true);
-  return fwd_mean_key_tiles(mask, int(max_seqlen_q), int(max_seqlen_kv), c.block_m, c.block_n) <=
-         fwd_persistent_max_mean_key_tiles(dqk, dv);
+  const auto tiles = [&](int64_t q, int64_t kv) {
+    return fwd_mean_key_tiles(mask, int(q), int(kv), c.block_m, c.block_n);
+  };
+  return tiles(docs.mean_q, docs.mean_kv) <= fwd_persistent_max_mean_key_tiles(dqk, dv) &&
+         tiles(docs.max_q, docs.max_kv) <= fwd_persistent_max_longest_key_tiles(dqk, dv);
 }
 inline int64_t fwd_ctas(int num_sms, int64_t work_items, bool persistent) {
   if (!persistent || work_items <= 0) return 0;
