@@ -128,7 +128,8 @@ constexpr int kAutoMinSeqlenKv = 96;
 //     (longest 7198: 29) +0.2%, 16384 (64.5) -0.9%. Again after item 101 (item 103, three rounds):
 //     3072 (12.5) +2.7%, 6144 (24.5) -0.3%, 7168 (28.5) -0.9%, 7552 (30) -0.6%, docs_mixed_32k
 //     (29; its mean document 3641 tokens: 14.7) +0.9% and +0.8% (two calls), docs_mixed_32k_full
-//     (57) -1.6%, 16384 (64.5) -2.3%. Up to 25, the longest up to 29.
+//     (57) -1.6%, 16384 (64.5) -2.3%. Up to 25, the longest up to 29. This rule against the
+//     previous one (item 104, four rounds): docs_mixed_32k +0.8%.
 //   D = 64 (item 91, one round): 1536 (6.5) +12.7%, 3072 (12.5) +2.7%, 4096 (16.5) +1.6%, 6144
 //     (24.5) -1.9%. Up to 17.
 //   Dqk 192 / Dv 128 (item 91, one round): 1536 (6.5) +8.6%, 6144 (24.5) +3.1%, docs_mixed_32k
