@@ -97,7 +97,11 @@ def kv_block(length, heads_kv, rows):
     return n
 
 
-def orders(lens, causal, heads_kv=HKV, overhead=6.0, rows=1587):
+# sm90::bwd_interleave_rows at D = 128, Hq 32, the fp32 scratch and a 50 MiB L2.
+INTERLEAVE_ROWS = 1587
+
+
+def orders(lens, causal, heads_kv=HKV, overhead=6.0, rows=INTERLEAVE_ROWS):
     """Each order's CTA costs, in launch order."""
     ordered = schedule_order(key_tiles(lens, causal))
     outer = [steps + overhead for _ in range(heads_kv) for _, _, steps in ordered]
@@ -149,7 +153,7 @@ def main():
                     help="a backward CTA's fixed cost, in query steps")
     ap.add_argument("--fwd-overhead", type=float, default=1.0,
                     help="a forward CTA's fixed cost, in key tiles")
-    ap.add_argument("--interleave-rows", type=int, default=1587,
+    ap.add_argument("--interleave-rows", type=int, default=INTERLEAVE_ROWS,
                     help="sm90::bwd_interleave_rows (D = 128, Hq 32, fp32 scratch, 50 MiB L2)")
     args = ap.parse_args()
     print(f"{args.sms} SMs, a CTA = its steps + {args.overhead}; the last wave's cost "
