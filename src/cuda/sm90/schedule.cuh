@@ -46,23 +46,20 @@ __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
 }
 
 // The counting sort's bucket of a tile with `work` units of work: 0 for the most (clamped),
-// kScheduleBuckets - 1 for none. Both schedules' tiles sort by it.
+// kScheduleBuckets - 1 for none.
 __device__ __forceinline__ int lpt_bucket(int work) {
   return kScheduleBuckets - 1 - min(work, kScheduleBuckets - 1);
 }
 
-// Bucket of key tile tc: its segment's steps (a gap's index: none).
-template <int BM, int BN>
-__device__ __forceinline__ int schedule_bucket(const portable::BwdParams& p, const TileCoord& tc) {
-  if (tc.segment < 0) return lpt_bucket(0);
-  return lpt_bucket(portable::key_tile_work<BM, BN>(p, TileCoord{tc.segment, 0}).m_count);
-}
-
-// One CTA of kScheduleThreads: a stable counting sort of the tiles tile_at(0 .. n - 1) by
-// bucket_of(tile) (0 first, kScheduleBuckets - 1 last), then emit(tile, pos) with each tile's
-// position in that order: both schedules below.
-template <class TileAt, class BucketOf, class Emit>
-__device__ __forceinline__ void lpt_sort(int n, TileAt tile_at, BucketOf bucket_of, Emit emit) {
+// One CTA of kScheduleThreads: a stable counting sort of the tiles tile_at(0 .. n - 1) by their
+// work, the most first (lpt_bucket of work_of(tile); a gap's index, segment < 0, counts as none
+// and is never passed to work_of), then emit(tile, pos) with each tile's position in that order:
+// both schedules below.
+template <class TileAt, class WorkOf, class Emit>
+__device__ __forceinline__ void lpt_sort(int n, TileAt tile_at, WorkOf work_of, Emit emit) {
+  auto bucket_of = [&](const TileCoord& tc) {
+    return lpt_bucket(tc.segment < 0 ? 0 : work_of(tc));
+  };
   __shared__ int start[kScheduleBuckets];
   __shared__ int warp_sums[kScheduleThreads / 32];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -110,7 +107,10 @@ __global__ void __launch_bounds__(kScheduleThreads)
                      int64_t interleave_rows) {
   lpt_sort(
       n, [&](int x) { return p.kv_tiles.locate(x, p.segs.cu_kv); },
-      [&](const TileCoord& tc) { return schedule_bucket<BM, BN>(p, tc); },
+      // A key tile's work: its segment's steps (those of the segment's first key tile).
+      [&](const TileCoord& tc) {
+        return portable::key_tile_work<BM, BN>(p, TileCoord{tc.segment, 0}).m_count;
+      },
       [&](const TileCoord& tc, int pos) {
         // A gap's index stands alone (its CTAs return at once): a segment of one tile.
         const Segment seg = tc.segment >= 0 ? p.segs.get(tc.segment) : Segment{};
@@ -136,8 +136,7 @@ __global__ void __launch_bounds__(kScheduleThreads)
   lpt_sort(
       n, [&](int x) { return p.tiles.locate(x, p.segs.cu_q); },
       [&](const TileCoord& tc) {
-        if (tc.segment < 0) return lpt_bucket(0);
-        return lpt_bucket(portable::key_tiles<BN>(portable::query_tile_work<BM>(p, tc)).count);
+        return portable::key_tiles<BN>(portable::query_tile_work<BM>(p, tc)).count;
       },
       [&](const TileCoord& tc, int pos) { order[pos] = tc; });
 }
