@@ -2,6 +2,8 @@
 //   dot_do_o    D[h, row] = sum_d dO * O in fp32 (the softmax-gradient row term), and the dQ
 //               scratch zeroed on the way (its whole region, split evenly over the grid's CTAs:
 //               one pass of reads and writes instead of a memset's pass and then this one's);
+//               where the main kernel finishes dQ itself (LaunchShape::dq_finished), the dQ of
+//               the tiles no key tile steps through (MaskSpec::key_tile_turns 0) set to zero;
 //   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::at_from — the
 //               same function, from the same Plan object, the main kernel wrote through (in
 //               either tile order).
@@ -14,6 +16,7 @@
 #include <type_traits>
 
 #include "core/dq_accum_layout.hpp"
+#include "core/mask.hpp"
 #include "core/segments.hpp"
 #include "core/tile_map.hpp"
 
@@ -61,7 +64,24 @@ struct DotParams {
   // before the main kernel adds into it; clear_words == 0: nothing to zero.
   uint4* clear;
   size_t clear_words;
+  // Where the main kernel finishes dQ (LaunchShape::dq_finished): dQ, whose tiles of no key tile
+  // (of key_block keys, the main kernel's) this kernel zeroes; null elsewhere (dq_convert runs).
+  void* dq;
+  TensorLayout dq_layout;
+  MaskSpec mask;
+  int key_block;
+  int dqk;
 };
+
+// Zeroes rows [0, rows) of a dim-wide tile at dq (16-byte chunks; rows `stride` elements apart).
+template <class T>
+__device__ __forceinline__ void zero_rows(T* dq, int64_t stride, int rows, int dim) {
+  const int chunks = dim / 8;
+  for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
+    *reinterpret_cast<uint4*>(dq + (i / chunks) * stride + (i % chunks) * 8) =
+        make_uint4(0u, 0u, 0u, 0u);
+  }
+}
 
 // CTA `cta` of `ctas` zeroes its contiguous share of `words` 16-byte words at `dst`.
 __device__ __forceinline__ void clear_share(uint4* dst, size_t words, size_t cta, size_t ctas) {
@@ -86,6 +106,11 @@ __global__ void __launch_bounds__(kPostThreads)
   const Segment seg = p.segs.get(tc.segment);
   const int h = blockIdx.y, r0 = tc.tile * kPostRows;
   const int rows = min(kPostRows, seg.len_q - r0), chunks = p.dv / 8, n = rows * chunks;
+  if (p.dq != nullptr &&
+      p.mask.key_tile_turns(r0, kPostRows, p.key_block, seg.len_q, seg.len_kv) == 0) {
+    zero_rows(static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, h),
+              p.dq_layout.token_stride, rows, p.dqk);
+  }
   const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(seg.q_row0 + r0, h);
   const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(seg.q_row0 + r0, h);
   // Groups of 4 chunks per thread (the whole tile at D <= 128): 8 loads in flight, then products.
@@ -152,9 +177,6 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 
 struct ConvertParams {
   const void* accum;
-  // BwdWorkspace::dq_claims, or null: a tile whose claim is 0 was written by no key tile, and its
-  // dQ is zero (the scratch there was never cleared).
-  const int32_t* claims;
   DqAccumLayout layout;
   void* dq;
   SegmentArrays segs;
@@ -251,20 +273,6 @@ __global__ void __launch_bounds__(kPostThreads)
   const int r0 = tc.tile * kPostRows, rows = min(kPostRows, seg.len_q - r0);
   // Wgmma64's staged tile: 64 rows of up to 8 * kMaxChunks 16-bit columns, pitch + 4 words.
   __shared__ __align__(16) uint32_t staged[kPostRows * (kMaxChunks * 4 + 4)];
-  if (p.claims != nullptr) {
-    // Claimed tiles are Wgmma64's (the Plan's): this CTA's rows are one tile of the scratch.
-    const DqAccumLayout& l = p.layout;
-    const int64_t tile = l.tile_of(l.offset(0, tc.segment, seg.cu_q, blockIdx.y, r0));
-    if (p.claims[tile] == 0) {  // no key tile wrote it: dQ = 0
-      T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, blockIdx.y);
-      const int chunks = l.dim / 8;
-      for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
-        *reinterpret_cast<uint4*>(dq + (i / chunks) * p.dq_layout.token_stride + (i % chunks) * 8) =
-            make_uint4(0u, 0u, 0u, 0u);
-      }
-      return;
-    }
-  }
   if (p.layout.type == AccumType::F32) {
     convert_tile<T, float>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
   } else if (p.layout.type == AccumType::BF16) {

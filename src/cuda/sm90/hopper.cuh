@@ -59,6 +59,7 @@ using portable::bulk_commit;
 using portable::bulk_reduce_add;
 using portable::bulk_store;
 using portable::bulk_wait_done;
+using portable::bulk_wait_done_but_latest;
 using portable::bulk_wait_read;
 using portable::fence_proxy_async_global;
 using portable::fence_proxy_async_smem;
