@@ -85,8 +85,8 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, void* workspace, 
                        pr.head_dim_qk};
     post::dot_do_o_kernel<T><<<grid, post::kPostThreads, 0, s>>>(dp);
   } else {
-    post::ConvertParams cp{p.dq_accum_ptr, p.dq_accum, p.dq,   p.segs,
-                           p.dq_layout,    tiles,      p.scale};
+    post::ConvertParams cp{p.dq_accum_ptr, p.dq_claims, p.dq_accum, p.dq,
+                           p.segs,         p.dq_layout, tiles,      p.scale};
     post::dq_convert_kernel<T><<<grid, post::kPostThreads, 0, s>>>(cp);
   }
   return cudaGetLastError();

@@ -177,6 +177,9 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 
 struct ConvertParams {
   const void* accum;
+  // BwdWorkspace::dq_claims, or null: a tile whose claim is 0 was written by no key tile, and its
+  // dQ is zero (the scratch there was never cleared).
+  const int32_t* claims;
   DqAccumLayout layout;
   void* dq;
   SegmentArrays segs;
@@ -273,6 +276,16 @@ __global__ void __launch_bounds__(kPostThreads)
   const int r0 = tc.tile * kPostRows, rows = min(kPostRows, seg.len_q - r0);
   // Wgmma64's staged tile: 64 rows of up to 8 * kMaxChunks 16-bit columns, pitch + 4 words.
   __shared__ __align__(16) uint32_t staged[kPostRows * (kMaxChunks * 4 + 4)];
+  if (p.claims != nullptr) {
+    // Claimed tiles are Wgmma64's (the Plan's): this CTA's rows are one tile of the scratch.
+    const DqAccumLayout& l = p.layout;
+    const int64_t tile = l.tile_of(l.offset(0, tc.segment, seg.cu_q, blockIdx.y, r0));
+    if (p.claims[tile] == 0) {  // no key tile wrote it: dQ = 0
+      zero_rows(static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, blockIdx.y),
+                p.dq_layout.token_stride, rows, l.dim);
+      return;
+    }
+  }
   if (p.layout.type == AccumType::F32) {
     convert_tile<T, float>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
   } else if (p.layout.type == AccumType::BF16) {

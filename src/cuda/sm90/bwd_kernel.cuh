@@ -274,20 +274,29 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         mbar_arrive(&fin_full[slot]);  // release: the acquired additions come with it
         ++handed;
       };
-      // A claimed tile's addition made at the previous step and not yet counted: its claim (null:
-      // none), query head, query tile and the tile's turns. Counted once its bulk group is
-      // complete (waited for one step later, when it long has been): the claim is 1 + the
-      // additions counted, and the one that brings it to 1 + turns hands the tile on.
-      int32_t* owed = nullptr;
-      int owed_h = 0, owed_tile = 0, owed_turns = 0;
-      auto count_owed = [&]() {
+      // The claimed tile (query head, query tile) of a step's addition.
+      auto claim_of = [&](int h, int m_tile) {
+        return p.dq_claims + p.dq_accum.tile_of(p.dq_accum.offset(0, b, seg.cu_q, h, m_tile * BM));
+      };
+      auto turns_of = [&](int m_tile) {
+        return p.mask.key_tile_turns(int64_t(m_tile) * BM, BM, BN, seg.len_q, seg.len_kv);
+      };
+      // Claimed tiles' additions of the two previous steps not yet counted (head -1: none; the
+      // older one's bulk group has completed by the next step's start, the newer one's may not).
+      // The claim is 1 + the additions counted; the one that brings it to 1 + turns hands the
+      // tile on. A count's round trip runs beside the step's claim and the wait for its tile.
+      int2 older = make_int2(-1, 0), newer = make_int2(-1, 0);
+      // The release makes this CTA's completed addition visible with the count; the last count's
+      // acquire (the fence after it) makes every other one visible before the tile is handed on.
+      auto count = [&](int2 e) {
         fence_proxy_async_global();
-        __threadfence();
-        if (atomicAdd(owed, 1) == owed_turns) {
-          __threadfence();  // every other addition seen before the tile is read
-          hand(owed_h, owed_tile);
+        return atomic_add_release(claim_of(e.x, e.y), 1);
+      };
+      auto count_done = [&](int2 e, int counted) {
+        if (counted == turns_of(e.y)) {
+          __threadfence();
+          hand(e.x, e.y);
         }
-        owed = nullptr;
       };
       for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
         const int h = hk * p.group + qh;  // as warp 0 counts them
@@ -296,6 +305,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
         // they hold, land in its own slot's last tile and are never read).
         const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
+        // Step it - 2's addition (complete: only step it - 1's group may still be in flight),
+        // counted before this step's claim is taken.
+        const int2 due = older;
+        int counted = 0;
+        if (FINISH && due.x >= 0) {
+          bulk_wait_done_but_latest();
+          counted = count(due);
+        }
+        older = newer;
+        newer = make_int2(-1, 0);
         // Claimed tiles (config.hpp's bwd_dq_claimed; the scratch was not zeroed): the first key
         // tile to claim this one (0 -> 1) stores it and marks it written (2: one addition counted)
         // once its bulk copy has completed; any other adds only once the tile is marked (>= 2).
@@ -305,6 +324,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
         const int claimed = claim ? atomicCAS(claim, 0, 1) : 2;
         mbar_wait(dq_full, it & 1);
+        if (FINISH && due.x >= 0) count_done(due, counted);
         int32_t* lock = nullptr;
         int expected = 0;
         if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
@@ -330,37 +350,31 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           bulk_reduce_add(static_cast<T*>(dst), smem + L.dq, bytes);
         }
         bulk_commit();
-        // The key tiles adding into this dQ tile (the deterministic turns run 0 .. turns - 1).
-        const int turns = p.mask.key_tile_turns(m0, BM, BN, seg.len_q, seg.len_kv);
         if (lock) {  // the last turn's addition completes the tile
           bulk_wait_done();
           fence_proxy_async_global();
           __threadfence();
           atomicAdd(lock, 1);
           mbar_arrive(dq_empty);  // the tile's shared memory may be written again
-          if (FINISH && expected + 1 == turns) hand(h, m_tile);
+          if (FINISH && expected + 1 == turns_of(m_tile)) hand(h, m_tile);
           continue;
         }
         bulk_wait_read();
         mbar_arrive(dq_empty);  // the tile's shared memory may be written again
-        if (owed) {             // the previous step's addition, complete by now
-          bulk_wait_done_but_latest();
-          count_owed();
-        }
-        if (first) {  // the tile is written: the other key tiles may add into it
+        if (first) {            // the tile is written: the other key tiles may add into it
           bulk_wait_done();
           fence_proxy_async_global();
           __threadfence();
-          if (atomicAdd(claim, 1) == turns) hand(h, m_tile);  // 1 -> 2: one addition counted
+          atomicAdd(claim, 1);  // 1 -> 2: one addition counted, the only one so far
+          if (FINISH && turns_of(m_tile) == 1) hand(h, m_tile);
         } else if (FINISH) {
-          owed = claim;
-          owed_h = h;
-          owed_tile = m_tile;
-          owed_turns = turns;
+          newer = make_int2(h, m_tile);
         }
       }
       bulk_wait_done();
-      if (owed) count_owed();
+      for (const int2 e : {older, newer}) {
+        if (FINISH && e.x >= 0) count_done(e, count(e));
+      }
       hand(-1, 0);  // no more tiles (FINISH)
     } else if (FINISH && warp >= 2) {
       // ---- Finishing: each dQ tile warp 1 hands on, complete in the scratch, read back (from
@@ -385,7 +399,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // A thread's units two at a time: the 128 bytes of fp32 scratch they span (one L2 line).
 #pragma unroll 1
         for (int pair = ft; pair < kUnits / 2; pair += kFinishThreads) {
-#pragma unroll 1
+#pragma unroll
           for (int unit = 2 * pair; unit < 2 * pair + 2; ++unit) {
             const int panel = unit / 32, u0 = 4 * (unit % 32);
             const int64_t at = off + panel * DqAccumLayout::kPanelElems + 4 * u0;
