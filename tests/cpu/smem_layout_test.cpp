@@ -204,7 +204,7 @@ TEST(Sm90Smem, BackwardRegionsAreDisjointAlignedAndInside) {
       // The finishing warps' ring where the kernel finishes dQ itself (the tile's kernel).
       EXPECT_EQ(finished, !dq_regs && c.producer_regs >= sm90::kBwdFinishRegs) << what;
       if (finished) {
-        r.push_back({"finish ring", L.finish, L.finish + sm90::kBwdFinishSlots * 8, 8});
+        r.push_back({"finish ring", L.finish, L.finish + sm90::kBwdFinishSlots * 16, 16});
       }
       for (size_t stage : {L.q_stage, L.do_stage, L.ds_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
       // The column split's dS^T copy per consumer; the key split's one or two (alternating steps).

@@ -132,11 +132,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   uint64_t* dq_full = empty + STAGES;  // the consumers wrote the step's dQ tile
   uint64_t* dq_empty = dq_full + 1;    // warp 1 has read it out
   uint64_t* partial = dq_empty + 1;    // warp 0: a partial tile's TMA boxes have landed
-  // FINISH: the ring of finished dQ tiles, warp 1 to warps 2-3 (an entry: query head, query tile;
-  // head -1: no more).
+  // FINISH: the ring of completed dQ additions, warp 1 to warps 2-3 (an entry: query head, query
+  // tile, whether the addition is still to be counted (the first of a tile is counted by warp 1),
+  // and the count's verdict; head -1: no more).
   uint64_t* fin_full = partial + 1;                  // [kBwdFinishSlots]: an entry is in
   uint64_t* fin_empty = fin_full + kBwdFinishSlots;  // [kBwdFinishSlots]: it has been read
-  int2* fin_ring = reinterpret_cast<int2*>(smem + L.finish);
+  int4* fin_ring = reinterpret_cast<int4*>(smem + L.finish);
   constexpr int kFinishThreads = 64;  // warps 2-3
   constexpr int kConsumerThreads = 128 * C.consumers;
   if (tid == 0) {
@@ -264,40 +265,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // kernel finishes dQ (FINISH), each addition counted once complete and the tile's last
       // handed to warps 2-3 (`handed` entries so far).
       int handed = 0;
-      auto hand = [&](int h, int m_tile) {
+      // Hands a completed addition (tile m_tile of head h) to warps 2-3: to be counted there, or
+      // (count false) the tile's last, to be finished.
+      auto hand = [&](int h, int m_tile, bool count) {
         if constexpr (!FINISH) return;
         const int slot = handed % kBwdFinishSlots;
         if (handed >= kBwdFinishSlots) {
           mbar_wait(&fin_empty[slot], uint32_t(handed / kBwdFinishSlots - 1) & 1);
         }
-        fin_ring[slot] = make_int2(h, m_tile);
-        mbar_arrive(&fin_full[slot]);  // release: the acquired additions come with it
+        fin_ring[slot] = make_int4(h, m_tile, count ? 1 : 0, 0);
+        mbar_arrive(&fin_full[slot]);  // release: the completed addition comes with it
         ++handed;
-      };
-      // The claimed tile (query head, query tile) of a step's addition.
-      auto claim_of = [&](int h, int m_tile) {
-        return p.dq_claims + p.dq_accum.tile_of(p.dq_accum.offset(0, b, seg.cu_q, h, m_tile * BM));
       };
       auto turns_of = [&](int m_tile) {
         return p.mask.key_tile_turns(int64_t(m_tile) * BM, BM, BN, seg.len_q, seg.len_kv);
       };
-      // Claimed tiles' additions of the two previous steps not yet counted (head -1: none; the
+      // Claimed tiles' additions of the two previous steps not yet handed on (head -1: none; the
       // older one's bulk group has completed by the next step's start, the newer one's may not).
-      // The claim is 1 + the additions counted; the one that brings it to 1 + turns hands the
-      // tile on. A count's round trip runs beside the step's claim and the wait for its tile.
       int2 older = make_int2(-1, 0), newer = make_int2(-1, 0);
-      // The release makes this CTA's completed addition visible with the count; the last count's
-      // acquire (the fence after it) makes every other one visible before the tile is handed on.
-      auto count = [&](int2 e) {
-        fence_proxy_async_global();
-        return atomic_add_release(claim_of(e.x, e.y), 1);
-      };
-      auto count_done = [&](int2 e, int counted) {
-        if (counted == turns_of(e.y)) {
-          __threadfence();
-          hand(e.x, e.y);
-        }
-      };
       for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
         const int h = hk * p.group + qh;  // as warp 0 counts them
         const int m_tile = m_first + qt;
@@ -306,12 +291,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // they hold, land in its own slot's last tile and are never read).
         const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
         // Step it - 2's addition (complete: only step it - 1's group may still be in flight),
-        // counted before this step's claim is taken.
-        const int2 due = older;
-        int counted = 0;
-        if (FINISH && due.x >= 0) {
+        // handed on to be counted.
+        if (FINISH && older.x >= 0) {
           bulk_wait_done_but_latest();
-          counted = count(due);
+          hand(older.x, older.y, true);
         }
         older = newer;
         newer = make_int2(-1, 0);
@@ -324,7 +307,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
         const int claimed = claim ? atomicCAS(claim, 0, 1) : 2;
         mbar_wait(dq_full, it & 1);
-        if (FINISH && due.x >= 0) count_done(due, counted);
         int32_t* lock = nullptr;
         int expected = 0;
         if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
@@ -356,7 +338,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           __threadfence();
           atomicAdd(lock, 1);
           mbar_arrive(dq_empty);  // the tile's shared memory may be written again
-          if (FINISH && expected + 1 == turns_of(m_tile)) hand(h, m_tile);
+          if (FINISH && expected + 1 == turns_of(m_tile)) hand(h, m_tile, false);
           continue;
         }
         bulk_wait_read();
@@ -366,16 +348,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           fence_proxy_async_global();
           __threadfence();
           atomicAdd(claim, 1);  // 1 -> 2: one addition counted, the only one so far
-          if (FINISH && turns_of(m_tile) == 1) hand(h, m_tile);
+          if (FINISH && turns_of(m_tile) == 1) hand(h, m_tile, false);
         } else if (FINISH) {
           newer = make_int2(h, m_tile);
         }
       }
       bulk_wait_done();
       for (const int2 e : {older, newer}) {
-        if (FINISH && e.x >= 0) count_done(e, count(e));
+        if (FINISH && e.x >= 0) hand(e.x, e.y, true);
       }
-      hand(-1, 0);  // no more tiles (FINISH)
+      hand(-1, 0, false);  // no more tiles (FINISH)
     } else if (FINISH && warp >= 2) {
       // ---- Finishing: each dQ tile warp 1 hands on, complete in the scratch, read back (from
       // L2, where the additions were made) and stored as dQ = scale * tile in T, rows past the
@@ -387,9 +369,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       for (int j = 0;; ++j) {
         const int slot = j % kBwdFinishSlots;
         mbar_wait(&fin_full[slot], uint32_t(j / kBwdFinishSlots) & 1);
-        const int2 e = fin_ring[slot];
+        const int4 e = fin_ring[slot];
+        bool last = true;
+        if (e.x >= 0 && e.z) {
+          // Counted by one thread: the claim is 1 + the additions counted, and the one that
+          // brings it to 1 + turns finishes the tile. The release publishes this CTA's completed
+          // addition with the count, the acquire every other one counted before it.
+          if (ft == 0) {
+            fence_proxy_async_global();
+            const int64_t tile = p.dq_accum.tile_of(p.dq_accum.offset(0, b, seg.cu_q, e.x, e.y * BM));
+            const int turns =
+                p.mask.key_tile_turns(int64_t(e.y) * BM, BM, BN, seg.len_q, seg.len_kv);
+            fin_ring[slot].w = atomic_add_acq_rel(p.dq_claims + tile, 1) == turns;
+          }
+          named_barrier_sync(4, kFinishThreads);
+          last = fin_ring[slot].w != 0;
+        }
         mbar_arrive(&fin_empty[slot]);
         if (e.x < 0) break;
+        if (!last) continue;
         fence_proxy_async_global();  // the additions (async proxy) before this thread's reads
         const int h = e.x, m0 = e.y * BM, rows = min(BM, seg.len_q - m0);
         const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);

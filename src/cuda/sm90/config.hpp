@@ -304,7 +304,7 @@ RATTN_HD constexpr bool bwd_dq_finished(int dqk, int dv, bool dq_regs) {
   return !dq_regs && bwd_config(dqk, dv, dq_regs).producer_regs >= kBwdFinishRegs;
 }
 // The tiles warp 1 can hand to the finishing warps before it waits for one to be taken.
-constexpr int kBwdFinishSlots = 4;
+constexpr int kBwdFinishSlots = 8;
 constexpr BwdConfig kBwd = bwd_config(128, 128, false);
 constexpr BwdConfig kBwdColumnSplit = bwd_config(256, 256, false);
 constexpr int kBwdThreads = ws_threads(kBwd);
@@ -434,7 +434,7 @@ RATTN_HD constexpr int bwd_ds_buffers(int dqk, int dv) {
 // source of the bulk reduce; none where dQ goes from registers); the mbarriers.
 struct BwdSmem {
   // byte offsets from the 1024-aligned base; finish: the finishing warps' ring of tiles
-  // (kBwdFinishSlots int2 entries: query head, query tile; bwd_dq_finished)
+  // (kBwdFinishSlots int4 entries: query head, query tile, to count, counted last; bwd_dq_finished)
   size_t k, v, q, d_o, ds, dq, lse, dpsum, bars, finish;
   size_t q_stage, do_stage, ds_stage, stat_stage;
   size_t dq_tile;  // the dQ tile's bytes: room for fp32, the larger scratch type; 0 from registers
@@ -466,8 +466,8 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, bool dq_regs) {
   s.dpsum = s.lse + c.stages * s.stat_stage;
   s.bars = s.dpsum + c.stages * s.stat_stage;
   const bool finished = bwd_dq_finished(dqk, dv, dq_regs);
-  s.finish = s.bars + bwd_barriers(c.stages, finished) * 8;
-  s.bytes = s.finish + (finished ? kBwdFinishSlots * 8 : 0) + kSmemAlign;
+  s.finish = (s.bars + bwd_barriers(c.stages, finished) * 8 + 15) / 16 * 16;
+  s.bytes = s.finish + (finished ? kBwdFinishSlots * 16 : 0) + kSmemAlign;
   return s;
 }
 static_assert(bwd_smem(64, 64, false).bytes <= 227 * 1024 &&

@@ -116,11 +116,12 @@ __device__ __forceinline__ void red_add(__half* g, uint32_t ab, uint32_t cd) {
   asm volatile("red.global.add.noftz.v2.f16x2 [%0], {%1, %2};\n" ::"l"(g), "r"(ab), "r"(cd));
 }
 
-// atomicAdd with release semantics at GPU scope (this thread's earlier writes visible to whoever
-// acquires the value it leaves); returns the old value.
-__device__ __forceinline__ int atomic_add_release(int32_t* g, int v) {
+// atomicAdd with acquire-release semantics at GPU scope (this thread's earlier writes visible to
+// whoever acquires the value it leaves, and what the values it reads released visible to it);
+// returns the old value.
+__device__ __forceinline__ int atomic_add_acq_rel(int32_t* g, int v) {
   int old;
-  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;\n"
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n"
                : "=r"(old)
                : "l"(g), "r"(v)
                : "memory");
