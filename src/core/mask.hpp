@@ -90,13 +90,6 @@ struct MaskSpec {
   RATTN_HD int key_tile_turn(int key_tile, int64_t m0, int bn, int len_q, int len_kv) const {
     return key_tile - key_begin(m0, len_q, len_kv) / bn;
   }
-  // How many key tiles take a turn on that query tile (turns 0 .. count - 1): the key tiles that
-  // hold a key any of its rows [m0, m0 + bm) inside the segment sees. The Hopper backward's last
-  // key tile to add into a dQ tile converts it (sm90::bwd_dq_finished); a tile of count 0 is zero.
-  RATTN_HD int key_tile_turns(int64_t m0, int bm, int bn, int len_q, int len_kv) const {
-    const int rows = static_cast<int>(m0 + bm <= len_q ? bm : len_q - m0);
-    return rows > 0 ? key_tiles(static_cast<int>(m0), rows, bn, len_q, len_kv).count : 0;
-  }
   RATTN_HD bool visible(int64_t i, int64_t j, int len_q, int len_kv) const {
     return j >= key_begin(i, len_q, len_kv) && j < key_end(i, len_q, len_kv);
   }

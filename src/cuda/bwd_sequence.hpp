@@ -1,6 +1,5 @@
 // The backward's launch sequence, shared by every CUDA path: clear the dQ scratch (and the
-// deterministic mode's locks), dot(dO, O), the path's main kernel, dq_convert (unless the main
-// kernel finishes dQ itself: LaunchShape::dq_finished). A path supplies
+// deterministic mode's locks), dot(dO, O), the path's main kernel, dq_convert. A path supplies
 // only its main kernel's launch; the scratch, its layout and the post kernels are the Plan's and
 // are the same for all paths.
 #pragma once

@@ -226,7 +226,6 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
                          sm90::bwd_smem(p.head_dim_qk, p.head_dim_v, dq_regs).bytes,
                          RaggedTiles::bound(p.total_kv, p.batch, c.block_n)};
     d->bwd.dq_staged = !dq_regs;
-    d->bwd.dq_finished = sm90::bwd_dq_finished(p.head_dim_qk, p.head_dim_v, dq_regs);
     // Outside deterministic mode the grid is the schedule's (key tile, KV head) entries, so its
     // longest-first order holds over every head (BwdWorkspace::schedule).
     d->bwd.inner_heads = p.deterministic ? 0 : p.num_heads_kv;
@@ -411,8 +410,7 @@ std::string Plan::describe() const {
             : "",
         "] bwd[", kernel_family_name(d.bwd.family), " ", d.bwd.block_m, "x", d.bwd.block_n, " ",
         d.bwd.threads, "thr ", d.bwd.smem_bytes / 1024, "KiB stages=", d.bwd.stages,
-        d.bwd.dq_staged ? str_cat(d.bwd_ws.dq_claims.bytes ? " dQ staged, claimed" : " dQ staged",
-                                  d.bwd.dq_finished ? ", finished in kernel" : "")
+        d.bwd.dq_staged ? (d.bwd_ws.dq_claims.bytes ? " dQ staged, claimed" : " dQ staged")
         : d.bwd.family == KernelFamily::Wgmma ? " dQ from registers"
                                               : "",
         // The schedule's rule (BwdWorkspace::interleave_rows), which the device's L2 sets.

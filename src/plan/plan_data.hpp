@@ -29,9 +29,8 @@ struct BwdWorkspace {
   Region dpsum;            // fp32 dot(dO, O), RowStatLayout
   Region locks;            // int32 per (query tile, query head): deterministic ordering
   // int32 per 64-row tile of the dQ scratch (DqAccumLayout::tile_of), zeroed by the dot(dO, O)
-  // kernel in place of the scratch: 0 no key tile has written the tile, 1 one is storing it,
-  // 1 + n: written, n key tiles' additions complete (sm90::bwd_dq_claimed; the Hopper backward
-  // only, whose last addition converts the tile: sm90::bwd_dq_finished).
+  // kernel in place of the scratch: 0 no key tile has written the tile, 1 one is storing it, 2
+  // written (sm90::bwd_dq_claimed; the Hopper backward only).
   Region dq_claims;
   // HeadTile per CTA of the Hopper backward (LaunchShape::tiles x inner_heads: every key tile for
   // every KV head): the order its CTAs take (key tile, KV head) in, segment by segment, the
@@ -85,10 +84,6 @@ struct LaunchShape {
   // Portable: sm_90, fp32 scratch, atomic mode. Hopper: sm90::bwd_dq_from_registers's answer,
   // negated; the Hopper kernel it selects has the shared memory and stages of this shape.
   bool dq_staged = false;
-  // The backward's main kernel finishes dQ itself (sm90::bwd_dq_finished: the Hopper kernel that
-  // stages dQ): its last key tile to add into a dQ tile converts it, dot(dO, O) writes the tiles no
-  // key tile steps through, and the launch sequence runs no dq_convert.
-  bool dq_finished = false;
   // The grid kernel's CTAs over (tile, head). 0: grid (tiles, heads), CTA (x, y) on tile x and
   // head y, so the heads run one after the other. n > 0 (n divides the heads): grid
   // (tiles * n, heads / n). The Hopper forward's grid kernel takes a KV head's query heads, CTA

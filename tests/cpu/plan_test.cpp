@@ -318,8 +318,6 @@ TEST(PlanPath, HeadDim64TakesTheHopperKernels) {
     EXPECT_EQ(plan.data().bwd.family, KernelFamily::Wgmma);
     EXPECT_THAT(plan.describe(), HasSubstr("fwd[wgmma "));
     EXPECT_THAT(plan.describe(), HasSubstr(sm90_bwd_shape()));
-    EXPECT_TRUE(plan.data().bwd.dq_finished);  // the key split's producers have 40 registers
-    EXPECT_THAT(plan.describe(), HasSubstr("finished in kernel"));
   }
 }
 
@@ -370,11 +368,6 @@ TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
         EXPECT_EQ(plan.describe().find("dQ from registers") != std::string::npos, dq_regs);
         // Claimed dQ tiles wherever warp 1 adds them outside deterministic mode.
         EXPECT_EQ(plan.data().bwd_ws.dq_claims.bytes != 0, !dq_regs && !deterministic);
-        // The kernel that stages dQ finishes it (no dq_convert), deterministic mode included,
-        // where its producers have the registers (not the in-turn shape at Dqk 192).
-        const bool finished = !dq_regs && d256;
-        EXPECT_EQ(plan.data().bwd.dq_finished, finished);
-        EXPECT_EQ(plan.describe().find("finished in kernel") != std::string::npos, finished);
         expect_consistent_workspace(plan);
       }
     }
@@ -646,15 +639,6 @@ void expect_consistent_workspace(const Plan& plan) {
   EXPECT_EQ(plan.describe().find("claimed") != std::string::npos, claimed);
   // What dot(dO, O) zeroes: the claims, or the scratch where there are none.
   EXPECT_EQ(&ws.cleared(), claimed ? &ws.dq_claims : &ws.dq_accum_region);
-  // The kernels that finish dQ themselves (no dq_convert): the Hopper kernel that stages dQ where
-  // its producers have the registers; the portable kernel never does.
-  const bool finished = d.bwd.family == KernelFamily::Wgmma &&
-                        sm90::bwd_dq_finished(d.problem.head_dim_qk, d.problem.head_dim_v,
-                                              !d.bwd.dq_staged);
-  EXPECT_EQ(d.bwd.dq_finished, finished);
-  if (finished) {
-    EXPECT_EQ(ws.dq_accum.order, DqTileOrder::Wgmma64);
-  }
   if (claimed) {
     EXPECT_EQ(ws.dq_accum.order, DqTileOrder::Wgmma64);
     EXPECT_EQ(ws.dq_accum.nsplits, 1);

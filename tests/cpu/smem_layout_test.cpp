@@ -190,7 +190,6 @@ TEST(Sm90Smem, BackwardRegionsAreDisjointAlignedAndInside) {
       // The dQ tile holds the step's 64 x Dqk fp32 accumulators (the larger scratch type), or is
       // absent where they go from registers.
       EXPECT_EQ(L.dq_tile, dq_regs ? 0u : size_t(c.block_m) * d.dqk * 4) << what;
-      const bool finished = sm90::bwd_dq_finished(d.dqk, d.dv, dq_regs);
       std::vector<Region> r = {{"K", L.k, L.k + sm90::tile_bytes(c.block_n, d.dqk), 1024},
                                {"V", L.v, L.v + sm90::tile_bytes(c.block_n, d.dv), 1024},
                                {"Q stages", L.q, L.q + c.stages * L.q_stage, 1024},
@@ -198,14 +197,8 @@ TEST(Sm90Smem, BackwardRegionsAreDisjointAlignedAndInside) {
                                {"dS^T buffers", L.ds, L.ds + L.ds_buffers * L.ds_stage, 1024},
                                {"LSE stages", L.lse, L.lse + c.stages * L.stat_stage, 16},
                                {"dot stages", L.dpsum, L.dpsum + c.stages * L.stat_stage, 16},
-                               {"mbarriers", L.bars,
-                                L.bars + sm90::bwd_barriers(c.stages, finished) * 8, 8}};
+                               {"mbarriers", L.bars, L.bars + sm90::bwd_barriers(c.stages) * 8, 8}};
       if (L.dq_tile > 0) r.push_back({"dQ tile", L.dq, L.dq + L.dq_tile, 16});
-      // The finishing warps' ring where the kernel finishes dQ itself (the tile's kernel).
-      EXPECT_EQ(finished, !dq_regs && c.producer_regs >= sm90::kBwdFinishRegs) << what;
-      if (finished) {
-        r.push_back({"finish ring", L.finish, L.finish + sm90::kBwdFinishSlots * 16, 16});
-      }
       for (size_t stage : {L.q_stage, L.do_stage, L.ds_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
       // The column split's dS^T copy per consumer; the key split's one or two (alternating steps).
       EXPECT_EQ(L.ds_buffers, split                                   ? c.consumers

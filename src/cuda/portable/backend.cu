@@ -66,23 +66,8 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, void* workspace, 
     const Region& cleared = d.bwd_ws.cleared();
     uint4* clear = cleared.in<uint4>(workspace);
     const size_t clear_words = cleared.bytes / sizeof(uint4);
-    // Where the main kernel finishes dQ, this kernel writes the tiles no key tile steps through.
-    post::DotParams dp{p.o,
-                       p.d_o,
-                       p.dpsum,
-                       p.segs,
-                       p.o_layout,
-                       p.do_layout,
-                       p.stats,
-                       tiles,
-                       pr.head_dim_v,
-                       clear,
-                       clear_words,
-                       d.bwd.dq_finished ? p.dq : nullptr,
-                       p.dq_layout,
-                       p.mask,
-                       d.bwd.block_n,
-                       pr.head_dim_qk};
+    post::DotParams dp{p.o,     p.d_o, p.dpsum,       p.segs, p.o_layout, p.do_layout,
+                       p.stats, tiles, pr.head_dim_v, clear,  clear_words};
     post::dot_do_o_kernel<T><<<grid, post::kPostThreads, 0, s>>>(dp);
   } else {
     post::ConvertParams cp{p.dq_accum_ptr, p.dq_claims, p.dq_accum, p.dq,
@@ -131,7 +116,7 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
                                            : launch_post<__half>(d, p, workspace, false, s)));
   }
   RATTN_RETURN_IF_ERROR(cuda_status("backward", main_kernel(p, d, ctx, s)));
-  if (pr.total_q > 0 && !d.bwd.dq_finished) {
+  if (pr.total_q > 0) {
     RATTN_RETURN_IF_ERROR(cuda_status("backward: dq_convert",
                                       bf16 ? launch_post<__nv_bfloat16>(d, p, workspace, true, s)
                                            : launch_post<__half>(d, p, workspace, true, s)));
@@ -150,11 +135,6 @@ Status portable_backward(const PlanData& d, const BwdTensors& t, void* workspace
         "backward",
         str_cat("the portable backward's dQ scratch rows are the head dim (", d.problem.head_dim_qk,
                 ") apart; this plan's scratch has rows of ", d.bwd_ws.dq_accum.dim));
-  }
-  if (d.bwd.dq_finished) {  // dQ would never be converted
-    return not_supported("backward",
-                         "the portable backward leaves dQ to dq_convert; this plan expects the "
-                         "main kernel to finish it");
   }
   if (d.bwd_ws.dq_claims.bytes != 0) {  // the scratch would not be zeroed for its additions
     return not_supported("backward",

@@ -65,10 +65,6 @@ __device__ __forceinline__ void bulk_wait_read() {
 __device__ __forceinline__ void bulk_wait_done() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
-// Waits until all but this thread's latest bulk group are complete.
-__device__ __forceinline__ void bulk_wait_done_but_latest() {
-  asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
-}
 
 }  // namespace portable
 }  // namespace raggedattn

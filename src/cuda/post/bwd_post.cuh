@@ -2,8 +2,6 @@
 //   dot_do_o    D[h, row] = sum_d dO * O in fp32 (the softmax-gradient row term), and the dQ
 //               scratch zeroed on the way (its whole region, split evenly over the grid's CTAs:
 //               one pass of reads and writes instead of a memset's pass and then this one's);
-//               where the main kernel finishes dQ itself (LaunchShape::dq_finished), the dQ of
-//               the tiles no key tile steps through (MaskSpec::key_tile_turns 0) set to zero;
 //   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::at_from — the
 //               same function, from the same Plan object, the main kernel wrote through (in
 //               either tile order).
@@ -16,7 +14,6 @@
 #include <type_traits>
 
 #include "core/dq_accum_layout.hpp"
-#include "core/mask.hpp"
 #include "core/segments.hpp"
 #include "core/tile_map.hpp"
 
@@ -64,24 +61,7 @@ struct DotParams {
   // before the main kernel adds into it; clear_words == 0: nothing to zero.
   uint4* clear;
   size_t clear_words;
-  // Where the main kernel finishes dQ (LaunchShape::dq_finished): dQ, whose tiles of no key tile
-  // (of key_block keys, the main kernel's) this kernel zeroes; null elsewhere (dq_convert runs).
-  void* dq;
-  TensorLayout dq_layout;
-  MaskSpec mask;
-  int key_block;
-  int dqk;
 };
-
-// Zeroes rows [0, rows) of a dim-wide tile at dq (16-byte chunks; rows `stride` elements apart).
-template <class T>
-__device__ __forceinline__ void zero_rows(T* dq, int64_t stride, int rows, int dim) {
-  const int chunks = dim / 8;
-  for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
-    *reinterpret_cast<uint4*>(dq + (i / chunks) * stride + (i % chunks) * 8) =
-        make_uint4(0u, 0u, 0u, 0u);
-  }
-}
 
 // CTA `cta` of `ctas` zeroes its contiguous share of `words` 16-byte words at `dst`.
 __device__ __forceinline__ void clear_share(uint4* dst, size_t words, size_t cta, size_t ctas) {
@@ -106,11 +86,6 @@ __global__ void __launch_bounds__(kPostThreads)
   const Segment seg = p.segs.get(tc.segment);
   const int h = blockIdx.y, r0 = tc.tile * kPostRows;
   const int rows = min(kPostRows, seg.len_q - r0), chunks = p.dv / 8, n = rows * chunks;
-  if (p.dq != nullptr &&
-      p.mask.key_tile_turns(r0, kPostRows, p.key_block, seg.len_q, seg.len_kv) == 0) {
-    zero_rows(static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, h),
-              p.dq_layout.token_stride, rows, p.dqk);
-  }
   const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(seg.q_row0 + r0, h);
   const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(seg.q_row0 + r0, h);
   // Groups of 4 chunks per thread (the whole tile at D <= 128): 8 loads in flight, then products.
@@ -281,8 +256,12 @@ __global__ void __launch_bounds__(kPostThreads)
     const DqAccumLayout& l = p.layout;
     const int64_t tile = l.tile_of(l.offset(0, tc.segment, seg.cu_q, blockIdx.y, r0));
     if (p.claims[tile] == 0) {  // no key tile wrote it: dQ = 0
-      zero_rows(static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, blockIdx.y),
-                p.dq_layout.token_stride, rows, l.dim);
+      T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, blockIdx.y);
+      const int chunks = l.dim / 8;
+      for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
+        *reinterpret_cast<uint4*>(dq + (i / chunks) * p.dq_layout.token_stride + (i % chunks) * 8) =
+            make_uint4(0u, 0u, 0u, 0u);
+      }
       return;
     }
   }

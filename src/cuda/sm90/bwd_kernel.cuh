@@ -5,12 +5,9 @@
 //     with mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
 //     tile's turn first; elsewhere the first key tile to claim a dQ tile stores it instead, and
-//     the scratch is never zeroed: config.hpp's bwd_dq_claimed), and counts each addition once it
-//     has completed: the last of a dQ tile's MaskSpec::key_tile_turns goes to warps 2-3, which
-//     read the finished tile back from L2 and store dQ (config.hpp's bwd_dq_finished); except in
-//     the kernel that adds dQ from the consumers' registers (DQ_REGS: the column split with a
-//     16-bit scratch outside deterministic mode, config.hpp's bwd_dq_from_registers), where
-//     warps 1-3 exit and dq_convert finishes dQ.
+//     the scratch is never zeroed: config.hpp's bwd_dq_claimed), except in the kernel that adds dQ
+//     from the consumers' registers (DQ_REGS: the column split with a 16-bit scratch outside
+//     deterministic mode, config.hpp's bwd_dq_from_registers); warps 2-3 exit.
 //   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
 //     bwd_config and bwd_columns say: at D = 64, 128 and 192/128 (key split) each owns 64 of the
 //     CTA's 128 keys and all their columns; at D = 256 (column split) both work on the CTA's 64
@@ -104,8 +101,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   static_assert(bwd_supports(DQK, DV), "the head dims of bwd_columns");
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
   static_assert(BM == DqAccumLayout::kTileRows, "a query step's dQ is one tile of the scratch");
-  constexpr bool FINISH = bwd_dq_finished(DQK, DV, DQ_REGS);
-  static_assert(!FINISH || C.producer_regs >= kBwdFinishRegs, "the finishing warps' registers");
   using Mma = portable::MmaType<T>;
   using portable::smem_addr;
 
@@ -132,13 +127,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   uint64_t* dq_full = empty + STAGES;  // the consumers wrote the step's dQ tile
   uint64_t* dq_empty = dq_full + 1;    // warp 1 has read it out
   uint64_t* partial = dq_empty + 1;    // warp 0: a partial tile's TMA boxes have landed
-  // FINISH: the ring of completed dQ additions, warp 1 to warps 2-3 (an entry: query head, query
-  // tile, whether the addition is still to be counted (the first of a tile is counted by warp 1),
-  // and the count's verdict; head -1: no more).
-  uint64_t* fin_full = partial + 1;                  // [kBwdFinishSlots]: an entry is in
-  uint64_t* fin_empty = fin_full + kBwdFinishSlots;  // [kBwdFinishSlots]: it has been read
-  int4* fin_ring = reinterpret_cast<int4*>(smem + L.finish);
-  constexpr int kFinishThreads = 64;  // warps 2-3
   constexpr int kConsumerThreads = 128 * C.consumers;
   if (tid == 0) {
     mbar_init(kv_full, 32);
@@ -149,12 +137,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     mbar_init(dq_full, kConsumerThreads);
     mbar_init(dq_empty, 1);
     mbar_init(partial, 1);
-    if constexpr (FINISH) {
-      for (int i = 0; i < kBwdFinishSlots; ++i) {
-        mbar_init(&fin_full[i], 1);
-        mbar_init(&fin_empty[i], kFinishThreads);
-      }
-    }
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
@@ -261,28 +243,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         mbar_arrive(&full[s]);
       }
     } else if (!DQ_REGS && warp == 1 && lane == 0) {
-      // ---- dQ: each step's tile, rows [m0, m0 + BM) of head h, into the scratch; where the
-      // kernel finishes dQ (FINISH), each addition counted once complete and the tile's last
-      // handed to warps 2-3 (`handed` entries so far).
-      int handed = 0;
-      // Hands a completed addition (tile m_tile of head h) to warps 2-3: to be counted there, or
-      // (count false) the tile's last, to be finished.
-      auto hand = [&](int h, int m_tile, bool count) {
-        if constexpr (!FINISH) return;
-        const int slot = handed % kBwdFinishSlots;
-        if (handed >= kBwdFinishSlots) {
-          mbar_wait(&fin_empty[slot], uint32_t(handed / kBwdFinishSlots - 1) & 1);
-        }
-        fin_ring[slot] = make_int4(h, m_tile, count ? 1 : 0, 0);
-        mbar_arrive(&fin_full[slot]);  // release: the completed addition comes with it
-        ++handed;
-      };
-      auto turns_of = [&](int m_tile) {
-        return p.mask.key_tile_turns(int64_t(m_tile) * BM, BM, BN, seg.len_q, seg.len_kv);
-      };
-      // Claimed tiles' additions of the two previous steps not yet handed on (head -1: none; the
-      // older one's bulk group has completed by the next step's start, the newer one's may not).
-      int2 older = make_int2(-1, 0), newer = make_int2(-1, 0);
+      // ---- dQ: each step's tile, rows [m0, m0 + BM) of head h, into the scratch.
       for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
         const int h = hk * p.group + qh;  // as warp 0 counts them
         const int m_tile = m_first + qt;
@@ -290,20 +251,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
         // they hold, land in its own slot's last tile and are never read).
         const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
-        // Step it - 2's addition (complete: only step it - 1's group may still be in flight),
-        // handed on to be counted.
-        if (FINISH && older.x >= 0) {
-          bulk_wait_done_but_latest();
-          hand(older.x, older.y, true);
-        }
-        older = newer;
-        newer = make_int2(-1, 0);
         // Claimed tiles (config.hpp's bwd_dq_claimed; the scratch was not zeroed): the first key
-        // tile to claim this one (0 -> 1) stores it and marks it written (2: one addition counted)
-        // once its bulk copy has completed; any other adds only once the tile is marked (>= 2).
-        // The marking mirrors the deterministic turns' release and acquire. The claim is taken
-        // before the step's tile is in (its round trip overlaps the consumers' step, not this
-        // warp's hand-off).
+        // tile to claim this one (0 -> 1) stores it and marks it written (2) once its bulk copy
+        // has completed; any other adds only once the tile is marked. The marking mirrors the
+        // deterministic turns' release and acquire. The claim is taken before the step's tile is
+        // in (its round trip overlaps the consumers' step, not this warp's hand-off).
         int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
         const int claimed = claim ? atomicCAS(claim, 0, 1) : 2;
         mbar_wait(dq_full, it & 1);
@@ -317,7 +269,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         }
         const bool first = claimed == 0;
         if (claim && !first) {  // another key tile's: wait for its store
-          for (int state = claimed; state < 2; state = atomicAdd(claim, 0)) __nanosleep(32);
+          for (int state = claimed; state != 2; state = atomicAdd(claim, 0)) __nanosleep(32);
           __threadfence();
           fence_proxy_async_global();  // the store seen before this thread's bulk reduce-add
         }
@@ -332,118 +284,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           bulk_reduce_add(static_cast<T*>(dst), smem + L.dq, bytes);
         }
         bulk_commit();
-        if (lock) {  // the last turn's addition completes the tile
+        if (lock) {
           bulk_wait_done();
           fence_proxy_async_global();
           __threadfence();
           atomicAdd(lock, 1);
-          mbar_arrive(dq_empty);  // the tile's shared memory may be written again
-          if (FINISH && expected + 1 == turns_of(m_tile)) hand(h, m_tile, false);
-          continue;
+        } else {
+          bulk_wait_read();
         }
-        bulk_wait_read();
         mbar_arrive(dq_empty);  // the tile's shared memory may be written again
         if (first) {            // the tile is written: the other key tiles may add into it
           bulk_wait_done();
           fence_proxy_async_global();
           __threadfence();
-          atomicAdd(claim, 1);  // 1 -> 2: one addition counted, the only one so far
-          if (FINISH && turns_of(m_tile) == 1) hand(h, m_tile, false);
-        } else if (FINISH) {
-          newer = make_int2(h, m_tile);
+          atomicExch(claim, 2);
         }
       }
       bulk_wait_done();
-      for (const int2 e : {older, newer}) {
-        if (FINISH && e.x >= 0) hand(e.x, e.y, true);
-      }
-      hand(-1, 0, false);  // no more tiles (FINISH)
-    } else if (FINISH && warp >= 2) {
-      // ---- Finishing: each dQ tile warp 1 hands on, complete in the scratch, read back (from
-      // L2, where the additions were made) and stored as dQ = scale * tile in T, rows past the
-      // segment's end not written. A unit is 4 consecutive vectors of a panel (Wgmma64 order:
-      // vectors u0 .. u0 + 3, u0 % 4 == 0, hold rows r and r + 8 of the panel's 8 columns): two
-      // 16-byte row chunks of dQ.
-      const int ft = tid - 64;
-      constexpr int kUnits = DQK / 8 * 32;
-      for (int j = 0;; ++j) {
-        const int slot = j % kBwdFinishSlots;
-        mbar_wait(&fin_full[slot], uint32_t(j / kBwdFinishSlots) & 1);
-        const int4 e = fin_ring[slot];
-        bool last = true;
-        if (e.x >= 0 && e.z) {
-          // Counted by one thread: the claim is 1 + the additions counted, and the one that
-          // brings it to 1 + turns finishes the tile. The release publishes this CTA's completed
-          // addition with the count, the acquire every other one counted before it.
-          if (ft == 0) {
-            fence_proxy_async_global();
-            const int64_t tile = p.dq_accum.tile_of(p.dq_accum.offset(0, b, seg.cu_q, e.x, e.y * BM));
-            const int turns =
-                p.mask.key_tile_turns(int64_t(e.y) * BM, BM, BN, seg.len_q, seg.len_kv);
-            fin_ring[slot].w = atomic_add_acq_rel(p.dq_claims + tile, 1) == turns;
-          }
-          named_barrier_sync(4, kFinishThreads);
-          last = fin_ring[slot].w != 0;
-        }
-        mbar_arrive(&fin_empty[slot]);
-        if (e.x < 0) break;
-        if (!last) continue;
-        fence_proxy_async_global();  // the additions (async proxy) before this thread's reads
-        const int h = e.x, m0 = e.y * BM, rows = min(BM, seg.len_q - m0);
-        const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
-        T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + m0, h);
-        const int64_t stride = p.dq_layout.token_stride;
-        const bool fp32 = p.dq_accum.type == AccumType::F32;
-        // A thread's units two at a time: the 128 bytes of fp32 scratch they span (one L2 line).
-#pragma unroll 1
-        for (int pair = ft; pair < kUnits / 2; pair += kFinishThreads) {
-#pragma unroll
-          for (int unit = 2 * pair; unit < 2 * pair + 2; ++unit) {
-            const int panel = unit / 32, u0 = 4 * (unit % 32);
-            const int64_t at = off + panel * DqAccumLayout::kPanelElems + 4 * u0;
-            float v[4][4];
-            if (fp32) {
-              const float4* src = reinterpret_cast<const float4*>(
-                  static_cast<const float*>(p.dq_accum_ptr) + at);
-#pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                const float4 x = __ldcg(src + k);
-                v[k][0] = x.x;
-                v[k][1] = x.y;
-                v[k][2] = x.z;
-                v[k][3] = x.w;
-              }
-            } else {  // the 16-bit scratch, in T
-              const uint4* src =
-                  reinterpret_cast<const uint4*>(static_cast<const T*>(p.dq_accum_ptr) + at);
-#pragma unroll
-              for (int k = 0; k < 2; ++k) {
-                const uint4 x = __ldcg(src + k);
-                const float2 e0 = Mma::unpack(x.x), e1 = Mma::unpack(x.y), e2 = Mma::unpack(x.z),
-                             e3 = Mma::unpack(x.w);
-                v[2 * k][0] = e0.x;
-                v[2 * k][1] = e0.y;
-                v[2 * k][2] = e1.x;
-                v[2 * k][3] = e1.y;
-                v[2 * k + 1][0] = e2.x;
-                v[2 * k + 1][1] = e2.y;
-                v[2 * k + 1][2] = e3.x;
-                v[2 * k + 1][3] = e3.y;
-              }
-            }
-            const float sc = p.scale;
-            const int r = DqAccumLayout::vector_row(u0);
-            const uint4 lo = make_uint4(
-                Mma::pack(v[0][0] * sc, v[0][1] * sc), Mma::pack(v[1][0] * sc, v[1][1] * sc),
-                Mma::pack(v[2][0] * sc, v[2][1] * sc), Mma::pack(v[3][0] * sc, v[3][1] * sc));
-            const uint4 hi = make_uint4(
-                Mma::pack(v[0][2] * sc, v[0][3] * sc), Mma::pack(v[1][2] * sc, v[1][3] * sc),
-                Mma::pack(v[2][2] * sc, v[2][3] * sc), Mma::pack(v[3][2] * sc, v[3][3] * sc));
-            if (r < rows) *reinterpret_cast<uint4*>(dq + r * stride + panel * 8) = lo;
-            if (r + 8 < rows) *reinterpret_cast<uint4*>(dq + (r + 8) * stride + panel * 8) = hi;
-          }
-        }
-      }
     }
     return;
   }

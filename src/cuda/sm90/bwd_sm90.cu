@@ -94,15 +94,7 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
   }
   // Warp 1 claims the dQ tiles exactly where the Plan reserved the claims and dot(dO, O) cleared
   // them instead of the scratch (sm90::bwd_dq_claimed): a kernel that added without claiming would
-  // add into an uncleared scratch. The kernel that stages dQ finishes it, where the launch
-  // sequence then runs no dq_convert (sm90::bwd_dq_finished): a plan that disagreed would leave
-  // dQ unwritten or convert it twice.
-  if (d.bwd.dq_finished != sm90::bwd_dq_finished(pr.head_dim_qk, pr.head_dim_v, dq_regs)) {
-    return not_supported("backward", "the Hopper backward ",
-                         sm90::bwd_dq_finished(pr.head_dim_qk, pr.head_dim_v, dq_regs) ? "finishes" : "does not finish",
-                         " dQ in its main kernel here; this plan expects ",
-                         d.bwd.dq_finished ? "it to" : "dq_convert to");
-  }
+  // add into an uncleared scratch, and dq_convert would take its tiles for unwritten.
   const bool claimed = sm90::bwd_dq_claimed(dq_regs, pr.deterministic != 0);
   if ((d.bwd_ws.dq_claims.bytes != 0) != claimed ||
       (claimed && d.bwd_ws.dq_claims.bytes < size_t(dq.tiles()) * sizeof(int32_t))) {

@@ -289,22 +289,6 @@ RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv, bool dq_regs) {
          : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 40, 232}
                                       : BwdConfig{64, 64, 2, dq_regs ? 2 : 1, 40, 232};
 }
-// Whether the main kernel finishes dQ itself (LaunchShape::dq_finished): the key tile whose
-// addition into a dQ tile of the scratch completes last (a claim's count reaching
-// MaskSpec::key_tile_turns, or in deterministic mode the last turn) hands the tile to producer
-// warps 2-3, which read it back from L2, scale it and store dQ in the input's type, while the
-// consumers go on; dot(dO, O) writes the zero dQ of tiles no key tile steps through, and no
-// dq_convert kernel runs (it read the whole scratch back from memory: at D = 128 on
-// docs_short_32k 537 MB in fp32). Taken wherever warp 1 adds the tiles (DQ_REGS off); the
-// kernel that adds from registers has no completion to count, and the in-turn shape at Dqk 192
-// leaves its producers 24 registers (a finishing thread holds 16 values and their addresses):
-// both keep dq_convert.
-constexpr int kBwdFinishRegs = 40;
-RATTN_HD constexpr bool bwd_dq_finished(int dqk, int dv, bool dq_regs) {
-  return !dq_regs && bwd_config(dqk, dv, dq_regs).producer_regs >= kBwdFinishRegs;
-}
-// The tiles warp 1 can hand to the finishing warps before it waits for one to be taken.
-constexpr int kBwdFinishSlots = 8;
 constexpr BwdConfig kBwd = bwd_config(128, 128, false);
 constexpr BwdConfig kBwdColumnSplit = bwd_config(256, 256, false);
 constexpr int kBwdThreads = ws_threads(kBwd);
@@ -433,19 +417,16 @@ RATTN_HD constexpr int bwd_ds_buffers(int dqk, int dv) {
 // buffers (bwd_ds_buffers); the dQ tile in the scratch's own element type and tile order (the
 // source of the bulk reduce; none where dQ goes from registers); the mbarriers.
 struct BwdSmem {
-  // byte offsets from the 1024-aligned base; finish: the finishing warps' ring of tiles
-  // (kBwdFinishSlots int4 entries: query head, query tile, to count, counted last; bwd_dq_finished)
-  size_t k, v, q, d_o, ds, dq, lse, dpsum, bars, finish;
+  size_t k, v, q, d_o, ds, dq, lse, dpsum, bars;  // byte offsets from the 1024-aligned base
   size_t q_stage, do_stage, ds_stage, stat_stage;
   size_t dq_tile;  // the dQ tile's bytes: room for fp32, the larger scratch type; 0 from registers
   int ds_buffers;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty, the
-// producer's own for a partial tile's TMA boxes (it zeroes the rows past the segment after), and
-// the finishing ring's full[kBwdFinishSlots] and empty[kBwdFinishSlots] (bwd_dq_finished).
-RATTN_HD constexpr int bwd_barriers(int stages, bool finished) {
-  return 1 + 2 * stages + 2 + 1 + (finished ? 2 * kBwdFinishSlots : 0);
+// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty, and
+// the producer's own for a partial tile's TMA boxes (it zeroes the rows past the segment after).
+RATTN_HD constexpr int bwd_barriers(int stages) {
+  return 1 + 2 * stages + 2 + 1;
 }
 RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, bool dq_regs) {
   const BwdConfig c = bwd_config(dqk, dv, dq_regs);
@@ -465,9 +446,7 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, bool dq_regs) {
   s.lse = s.dq + s.dq_tile;
   s.dpsum = s.lse + c.stages * s.stat_stage;
   s.bars = s.dpsum + c.stages * s.stat_stage;
-  const bool finished = bwd_dq_finished(dqk, dv, dq_regs);
-  s.finish = (s.bars + bwd_barriers(c.stages, finished) * 8 + 15) / 16 * 16;
-  s.bytes = s.finish + (finished ? kBwdFinishSlots * 16 : 0) + kSmemAlign;
+  s.bytes = s.bars + bwd_barriers(c.stages) * 8 + kSmemAlign;
   return s;
 }
 static_assert(bwd_smem(64, 64, false).bytes <= 227 * 1024 &&

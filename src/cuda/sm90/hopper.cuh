@@ -59,7 +59,6 @@ using portable::bulk_commit;
 using portable::bulk_reduce_add;
 using portable::bulk_store;
 using portable::bulk_wait_done;
-using portable::bulk_wait_done_but_latest;
 using portable::bulk_wait_read;
 using portable::fence_proxy_async_global;
 using portable::fence_proxy_async_smem;
@@ -114,18 +113,6 @@ __device__ __forceinline__ void red_add(__nv_bfloat16* g, uint32_t ab, uint32_t 
 }
 __device__ __forceinline__ void red_add(__half* g, uint32_t ab, uint32_t cd) {
   asm volatile("red.global.add.noftz.v2.f16x2 [%0], {%1, %2};\n" ::"l"(g), "r"(ab), "r"(cd));
-}
-
-// atomicAdd with acquire-release semantics at GPU scope (this thread's earlier writes visible to
-// whoever acquires the value it leaves, and what the values it reads released visible to it);
-// returns the old value.
-__device__ __forceinline__ int atomic_add_acq_rel(int32_t* g, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n"
-               : "=r"(old)
-               : "l"(g), "r"(v)
-               : "memory");
-  return old;
 }
 
 using portable::named_barrier_arrive;  // named barriers: warp_mma.cuh
