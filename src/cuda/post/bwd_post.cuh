@@ -167,7 +167,7 @@ struct ConvertParams {
 };
 
 // One 64-row tile of a segment's dQ for one query head: rows [r0, r0 + rows) of head h; `live`:
-// some key tile wrote its scratch (else its dQ is zero and the scratch there is not read).
+// some key tile wrote its scratch (else its dQ is zero, whatever the scratch there holds).
 struct TileJob {
   int h, r0, rows;
   bool live;
@@ -224,11 +224,13 @@ __device__ __forceinline__ void convert_tiles(const ConvertParams& p, int b, con
   constexpr int kGroup = 8;
   const int n = kPostRows * l.dim / 4;  // vectors of a tile
   for (int v0 = tid; v0 < n; v0 += kGroup * kPostThreads) {
+    // Every tile's loads, whether written or not (a tile's scratch lies inside the scratch
+    // either way), so that none waits on a claim or on another tile's loads; an unwritten tile's
+    // values are then replaced by zeros.
     float acc[NT][kGroup][4] = {};
     for (int split = 0; split < l.nsplits; ++split) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        if (!job[t].live) continue;
         const int64_t tile = l.at_from(l.offset(split, b, seg.cu_q, job[t].h, 0), job[t].r0, 0);
 #pragma unroll
         for (int k = 0; k < kGroup; ++k) {
@@ -239,15 +241,20 @@ __device__ __forceinline__ void convert_tiles(const ConvertParams& p, int b, con
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
+      const float mul = p.scale;
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
         const int v = v0 + k * kPostThreads;
         const int u = v % 128, r = DqAccumLayout::vector_row(u);
         const int c = 8 * (v / 128) + DqAccumLayout::vector_col(u);
         if (v < n) {
+          // An unwritten tile's scratch may hold anything, NaN included: selected, not scaled.
+          float x[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) x[e] = job[t].live ? acc[t][k][e] * mul : 0.f;
           uint32_t* st = staged + t * tile_words;
-          st[r * pitch + c / 2] = pack2<T>(acc[t][k][0] * p.scale, acc[t][k][1] * p.scale);
-          st[(r + 8) * pitch + c / 2] = pack2<T>(acc[t][k][2] * p.scale, acc[t][k][3] * p.scale);
+          st[r * pitch + c / 2] = pack2<T>(x[0], x[1]);
+          st[(r + 8) * pitch + c / 2] = pack2<T>(x[2], x[3]);
         }
       }
     }
