@@ -16,6 +16,7 @@
 #include "core/dq_accum_layout.hpp"
 #include "core/segments.hpp"
 #include "core/tile_map.hpp"
+#include "cuda/portable/bulk_async.cuh"
 
 namespace raggedattn {
 namespace post {
@@ -214,7 +215,7 @@ __device__ __forceinline__ void add_run_cg(float* acc, const E* src) {
 // converted tiles go to shared memory in row order (a row pitch of dim / 2 + 4 words: a warp's
 // pair writes, 8 rows x 4 columns of a panel, hit 32 banks, and every row stays 16-byte aligned)
 // and out in 16-byte row chunks. The caller syncs before it reuses `staged`.
-template <class T, class E, int NT, class Sync>
+template <class T, class E, int NT, bool kDiscard = false, class Sync>
 __device__ __forceinline__ void convert_tiles(const ConvertParams& p, int b, const Segment& seg,
                                               const TileJob (&job)[NT], int tid, Sync sync,
                                               uint32_t* staged) {
@@ -260,6 +261,21 @@ __device__ __forceinline__ void convert_tiles(const ConvertParams& p, int b, con
     }
   }
   sync();
+  if constexpr (kDiscard) {
+    // Every thread's loads are consumed (staged) before the barrier: the scratch's lines are
+    // dropped from L2 unwritten (no one reads them again), one thread per 128-byte line.
+    constexpr int kLineVectors = 128 / (4 * int(sizeof(E)));
+    if (tid % kLineVectors == 0) {
+      for (int split = 0; split < l.nsplits; ++split) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (!job[t].live) continue;
+          const int64_t tile = l.at_from(l.offset(split, b, seg.cu_q, job[t].h, 0), job[t].r0, 0);
+          for (int v = tid; v < n; v += kPostThreads) portable::discard_l2_line(accum + tile + 4 * v);
+        }
+      }
+    }
+  }
   const int chunks = l.dim / 8;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {

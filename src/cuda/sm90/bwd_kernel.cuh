@@ -183,13 +183,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
       void* dst = static_cast<unsigned char*>(p.dq_accum_ptr) + off * p.dq_accum.elem_bytes();
       const uint32_t bytes = uint32_t(BM) * DQK * uint32_t(p.dq_accum.elem_bytes());
+      // A segment finished here keeps its scratch in L2 until its conversion reads it.
+      const uint64_t policy = finishes ? l2_policy_evict_last() : l2_policy_evict_normal();
       if (first) {
-        bulk_store(dst, smem + L.dq, bytes);
+        bulk_store(dst, smem + L.dq, bytes, policy);
       } else if (p.dq_accum.type == AccumType::F32) {
-        bulk_reduce_add(static_cast<float*>(dst), smem + L.dq, bytes);
+        bulk_reduce_add(static_cast<float*>(dst), smem + L.dq, bytes, policy);
       } else {
         // The 16-bit scratch is in the input's own format (the Plan's AccumType).
-        bulk_reduce_add(static_cast<T*>(dst), smem + L.dq, bytes);
+        bulk_reduce_add(static_cast<T*>(dst), smem + L.dq, bytes, policy);
       }
       bulk_commit();
       if (lock) {
@@ -830,9 +832,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                  : post::TileJob{h, 0, 0, false};
             }
             if (p.dq_accum.type == AccumType::F32) {
-              post::convert_tiles<T, float, NT>(cp, b, seg, job, tid - 128, sync, staged);
+              post::convert_tiles<T, float, NT, true>(cp, b, seg, job, tid - 128, sync, staged);
             } else {  // the 16-bit scratch is in the input's own format
-              post::convert_tiles<T, T, NT>(cp, b, seg, job, tid - 128, sync, staged);
+              post::convert_tiles<T, T, NT, true>(cp, b, seg, job, tid - 128, sync, staged);
             }
             sync();  // the staging is read out before the next round writes it
           }
