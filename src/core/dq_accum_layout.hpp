@@ -108,21 +108,6 @@ struct DqAccumLayout {
   int64_t bytes() const { return elements() * elem_bytes(); }
 };
 
-// Which segments' dQ the Hopper backward's main kernel converts itself (BwdWorkspace::dq_finish,
-// sm90::bwd_dq_finish_max_rows): those of 1 .. max_rows query rows that have keys. Each of their
-// key tiles' CTAs counts itself done once its last addition into the scratch has completed (an
-// int32 per segment and KV head, BwdWorkspace::dq_finish_counts); the CTA whose count is the
-// segment's last converts the segment's dQ for its KV head's query heads, and dq_convert skips the
-// segment. A segment without keys has no key tile to count (dq_convert writes its zeros), and a
-// long one's conversion would hold one CTA too long. max_rows == 0: dq_convert converts all. The
-// main kernel and dq_convert ask the same instance, from the Plan.
-struct DqFinish {
-  int64_t max_rows = 0;
-  RATTN_HD bool in_main_kernel(int32_t len_q, int32_t len_kv) const {
-    return max_rows > 0 && len_q > 0 && len_q <= max_rows && len_kv > 0;
-  }
-};
-
 // The only constructor of layouts. total_q: rows of the Q tensor (an upper bound of cu_q[B]).
 // order Wgmma64: takes where the scheme gives every segment whole 64-row tiles (Compact,
 // PaddedBatch; align rounded up to a multiple of 64) and dim is whole panels; elsewhere the

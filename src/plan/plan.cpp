@@ -85,13 +85,6 @@ void plan_bwd_workspace(PlanData* d) {
     if (sm90::bwd_dq_claimed(!d->bwd.dq_staged, p.deterministic != 0)) {
       // Cleared in 16-byte words, as the scratch would be.
       ws.dq_claims = take(&cursor, size_t(round_up(ws.dq_accum.tiles() * 4, 16)));
-      // Short segments' dQ converted by their last key tile's CTA (sm90::bwd_dq_finish_max_rows),
-      // counted per (segment, KV head) next to the claims, so that one clearing zeroes both.
-      ws.dq_finish.max_rows = sm90::bwd_dq_finish_max_rows(p.head_dim_qk, p.head_dim_v);
-      if (ws.dq_finish.max_rows > 0) {
-        ws.dq_finish_counts =
-            take(&cursor, size_t(round_up(int64_t(p.batch) * p.num_heads_kv * 4, 16)));
-      }
     }
   }
   ws.total = round_up(int64_t(cursor), kRegionAlign);
@@ -423,11 +416,6 @@ std::string Plan::describe() const {
         // The schedule's rule (BwdWorkspace::interleave_rows), which the device's L2 sets.
         d.bwd_ws.schedule.bytes
             ? str_cat(", heads interleaved to ", d.bwd_ws.interleave_rows, " rows")
-            : "",
-        // Which segments' dQ the main kernel converts (DqFinish).
-        d.bwd_ws.dq_finish.max_rows > 0
-            ? str_cat(", dQ of segments up to ", d.bwd_ws.dq_finish.max_rows,
-                      " rows finished in the main kernel")
             : "",
         "] dq_accum=",
         p.dq_accum == RATTN_DQ_ACCUM_FP32 ? "fp32"

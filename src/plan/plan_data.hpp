@@ -32,10 +32,6 @@ struct BwdWorkspace {
   // kernel in place of the scratch: 0 no key tile has written the tile, 1 one is storing it, 2
   // written (sm90::bwd_dq_claimed; the Hopper backward only).
   Region dq_claims;
-  // The segments whose dQ the Hopper backward's main kernel converts (DqFinish) and its counts:
-  // int32 per (segment, KV head), segment-major, right after the claims and zeroed with them.
-  DqFinish dq_finish;
-  Region dq_finish_counts;
   // HeadTile per CTA of the Hopper backward (LaunchShape::tiles x inner_heads: every key tile for
   // every KV head): the order its CTAs take (key tile, KV head) in, segment by segment, the
   // segments with the most work first (written by sm90::bwd_lpt_schedule before each main
@@ -46,14 +42,9 @@ struct BwdWorkspace {
   Region schedule;
   int64_t interleave_rows = 0;
   size_t total = 0;
-  // What the dot(dO, O) kernel zeroes before the main kernel: the claims (and the finishing counts
-  // that follow them, with the alignment gap between) where the plan has them, the dQ scratch
-  // otherwise.
-  Region cleared() const {
-    if (!dq_claims.bytes) return dq_accum_region;
-    if (!dq_finish_counts.bytes) return dq_claims;
-    return {dq_claims.offset, dq_finish_counts.offset + dq_finish_counts.bytes - dq_claims.offset};
-  }
+  // What the dot(dO, O) kernel zeroes before the main kernel: the claims where the plan has them,
+  // the dQ scratch otherwise.
+  const Region& cleared() const { return dq_claims.bytes ? dq_claims : dq_accum_region; }
 };
 
 struct FwdWorkspace {

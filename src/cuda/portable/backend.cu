@@ -63,14 +63,14 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, void* workspace, 
   if (!convert) {
     // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words, or, where the
     // main kernel claims its tiles (BwdWorkspace::dq_claims), only the claims.
-    const Region cleared = d.bwd_ws.cleared();
+    const Region& cleared = d.bwd_ws.cleared();
     uint4* clear = cleared.in<uint4>(workspace);
     const size_t clear_words = cleared.bytes / sizeof(uint4);
     post::DotParams dp{p.o,     p.d_o, p.dpsum,       p.segs, p.o_layout, p.do_layout,
                        p.stats, tiles, pr.head_dim_v, clear,  clear_words};
     post::dot_do_o_kernel<T><<<grid, post::kPostThreads, 0, s>>>(dp);
   } else {
-    post::ConvertParams cp{p.dq_accum_ptr, p.dq_claims, p.dq_accum, p.dq_finish, p.dq,
+    post::ConvertParams cp{p.dq_accum_ptr, p.dq_claims, p.dq_accum, p.dq,
                            p.segs,         p.dq_layout, tiles,      p.scale};
     post::dq_convert_kernel<T><<<grid, post::kPostThreads, 0, s>>>(cp);
   }
@@ -98,7 +98,7 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
   // into or reads the scratch). It clears 16-byte words: the region must be made of them (the
   // Plan's regions are 256-byte aligned, the scratch's rows a multiple of 16 bytes at every head
   // dim, the claims rounded up to 16 bytes).
-  const Region cleared = ws.cleared();
+  const Region& cleared = ws.cleared();
   if (cleared.bytes % sizeof(uint4) != 0 || cleared.offset % sizeof(uint4) != 0 ||
       reinterpret_cast<uintptr_t>(workspace) % sizeof(uint4) != 0) {
     return Status(RATTN_ERROR_INTERNAL,

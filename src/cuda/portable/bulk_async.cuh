@@ -53,56 +53,6 @@ __device__ __forceinline__ void bulk_store(void* gmem, const void* smem, uint32_
                "r"(smem_addr(smem)), "r"(bytes)
                : "memory");
 }
-// L2 cache policies (createpolicy) for the hinted bulk operations below: lines an operation writes
-// kept in L2 ahead of normal ones (evict_last), or normal priority.
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t l2_policy_evict_normal() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-// bulk_reduce_add and bulk_store with an L2 cache policy.
-__device__ __forceinline__ void bulk_reduce_add(float* gmem, const void* smem, uint32_t bytes,
-                                                uint64_t policy) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, "
-      "%3;\n" ::"l"(gmem),
-      "r"(smem_addr(smem)), "r"(bytes), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_reduce_add(__nv_bfloat16* gmem, const void* smem,
-                                                uint32_t bytes, uint64_t policy) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.noftz.bf16 [%0], "
-      "[%1], %2, %3;\n" ::"l"(gmem),
-      "r"(smem_addr(smem)), "r"(bytes), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_reduce_add(__half* gmem, const void* smem, uint32_t bytes,
-                                                uint64_t policy) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.noftz.f16 [%0], "
-      "[%1], %2, %3;\n" ::"l"(gmem),
-      "r"(smem_addr(smem)), "r"(bytes), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_store(void* gmem, const void* smem, uint32_t bytes,
-                                           uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(
-          gmem),
-      "r"(smem_addr(smem)), "r"(bytes), "l"(policy)
-      : "memory");
-}
-// Drops the 128-byte L2 line at `line` (128-byte aligned) without writing it back: its contents
-// become undefined. For scratch no one reads again.
-__device__ __forceinline__ void discard_l2_line(const void* line) {
-  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(line) : "memory");
-}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

@@ -58,10 +58,6 @@ struct BwdParams {
   // The Hopper backward's claims on the scratch's dQ tiles (BwdWorkspace::dq_claims); null: the
   // scratch is zeroed before the main kernel and every tile is added.
   int32_t* dq_claims;
-  // The segments the Hopper backward's main kernel converts (BwdWorkspace::dq_finish) and their
-  // counts per (segment, KV head); null counts: dq_convert converts every segment.
-  DqFinish dq_finish;
-  int32_t* dq_finish_counts;
   // The Hopper backward's order (BwdWorkspace::schedule): CTA x takes key tile schedule[x].tc for
   // KV head schedule[x].head; null: CTA (x, y) the tile map's x-th for KV head y.
   const HeadTile* schedule;
@@ -125,8 +121,6 @@ inline BwdParams make_bwd_params(const PlanData& d, const BwdTensors& t, void* w
   p.dpsum = d.bwd_ws.dpsum.in<float>(workspace);
   p.locks = d.bwd_ws.locks.in<int32_t>(workspace);
   p.dq_claims = d.bwd_ws.dq_claims.in<int32_t>(workspace);
-  p.dq_finish = d.bwd_ws.dq_finish;
-  p.dq_finish_counts = d.bwd_ws.dq_finish_counts.in<int32_t>(workspace);
   p.schedule = d.bwd_ws.schedule.in<HeadTile>(workspace);
   p.scale = d.scale;
   p.scale_log2 = d.scale * kLog2e;

@@ -16,7 +16,6 @@
 #include "core/dq_accum_layout.hpp"
 #include "core/segments.hpp"
 #include "core/tile_map.hpp"
-#include "cuda/portable/bulk_async.cuh"
 
 namespace raggedattn {
 namespace post {
@@ -157,9 +156,6 @@ struct ConvertParams {
   // dQ is zero (the scratch there was never cleared).
   const int32_t* claims;
   DqAccumLayout layout;
-  // The segments the Hopper backward's main kernel has converted (BwdWorkspace::dq_finish):
-  // dq_convert skips them.
-  DqFinish finish;
   void* dq;
   SegmentArrays segs;
   TensorLayout dq_layout;
@@ -167,175 +163,82 @@ struct ConvertParams {
   float scale;
 };
 
-// One 64-row tile of a segment's dQ for one query head: rows [r0, r0 + rows) of head h; `live`:
-// some key tile wrote its scratch (else its dQ is zero, whatever the scratch there holds).
-struct TileJob {
-  int h, r0, rows;
-  bool live;
-};
-
-// Whether the scratch's tile of job j was written: always without claims (the scratch was
-// zeroed), else its claim (read from L2: claims change during the main kernel, and a CTA that
-// converts inside it may hold an older copy of the line in L1).
-__device__ __forceinline__ bool tile_live(const ConvertParams& p, int b, const Segment& seg, int h,
-                                          int r0) {
-  if (p.claims == nullptr) return true;
-  const DqAccumLayout& l = p.layout;
-  return __ldcg(p.claims + l.tile_of(l.offset(0, b, seg.cu_q, h, r0))) != 0;
-}
-
-// Adds N consecutive scratch elements (16- or 8-byte aligned) into acc, read from L2 (the main
-// kernel's finishing CTAs read what other CTAs added moments before).
-template <int N>
-__device__ __forceinline__ void add_run_cg(float* acc, const float* src) {
-#pragma unroll
-  for (int q = 0; q < N / 4; ++q) {
-    const float4 x = __ldcg(reinterpret_cast<const float4*>(src) + q);
-    acc[4 * q] += x.x;
-    acc[4 * q + 1] += x.y;
-    acc[4 * q + 2] += x.z;
-    acc[4 * q + 3] += x.w;
-  }
-}
-template <int N, class E>
-__device__ __forceinline__ void add_run_cg(float* acc, const E* src) {
-  static_assert(N == 4 && sizeof(E) == 2, "one 8-byte vector of four 16-bit elements");
-  const uint2 x = __ldcg(reinterpret_cast<const uint2*>(src));
-  const E* e = reinterpret_cast<const E*>(&x);
-#pragma unroll
-  for (int q = 0; q < N; ++q) acc[q] += to_float(e[q]);
-}
-
-// dQ of NT tiles of segment b in DqAccumLayout's Wgmma64 order, by kPostThreads threads (thread
-// index tid; sync: their barrier), through `staged` (NT tiles of 64 rows x (dim / 2 + 4) words).
-// Every element is read at DqAccumLayout::at_from of its slot's base, as the main kernel wrote
-// it: the tile is contiguous and a thread reads it vector by vector (vector v at 4 v: rows
-// vector_row, + 8 and columns vector_col, + 1 of panel v / 128), all NT tiles' loads of a group
-// (8 vectors per tile: at D = 128 a thread's whole share) issued before the first is used; the
-// converted tiles go to shared memory in row order (a row pitch of dim / 2 + 4 words: a warp's
-// pair writes, 8 rows x 4 columns of a panel, hit 32 banks, and every row stays 16-byte aligned)
-// and out in 16-byte row chunks. The caller syncs before it reuses `staged`.
-template <class T, class E, int NT, bool kDiscard = false, class Sync>
-__device__ __forceinline__ void convert_tiles(const ConvertParams& p, int b, const Segment& seg,
-                                              const TileJob (&job)[NT], int tid, Sync sync,
-                                              uint32_t* staged) {
+// dQ of one 64-row tile and head. Every element is read at DqAccumLayout::at_from of its slot's
+// base, as the main kernel wrote it: in Wgmma64 order the tile is contiguous and the thread reads
+// it vector by vector (vector v at 4 v: rows vector_row, + 8 and columns vector_col, + 1 of panel
+// v / 128), whole 16-byte loads in fp32, and the tile goes out through shared memory in 16-byte
+// row chunks; in Rows order, 8 columns of a row per load and store. Grid (tiles, heads).
+template <class T, class E>
+__device__ __forceinline__ void convert_tile(const ConvertParams& p, int b, const Segment& seg,
+                                             int h, int r0, int rows, uint32_t* staged) {
   const DqAccumLayout& l = p.layout;
   const E* accum = static_cast<const E*>(p.accum);
-  const int pitch = l.dim / 2 + 4, tile_words = kPostRows * pitch;
-  constexpr int kGroup = 8;
-  const int n = kPostRows * l.dim / 4;  // vectors of a tile
-  for (int v0 = tid; v0 < n; v0 += kGroup * kPostThreads) {
-    // Every tile's loads, whether written or not (a tile's scratch lies inside the scratch
-    // either way), so that none waits on a claim or on another tile's loads; an unwritten tile's
-    // values are then replaced by zeros.
-    float acc[NT][kGroup][4] = {};
-    for (int split = 0; split < l.nsplits; ++split) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int64_t tile = l.at_from(l.offset(split, b, seg.cu_q, job[t].h, 0), job[t].r0, 0);
+  T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, h);
+  const int64_t stride = p.dq_layout.token_stride;
+  // Groups of loads (8 vectors, or 4 row chunks: 128 bytes of fp32 per thread) issued before the
+  // first store; at D = 128 a thread's whole share of the tile is one group.
+  if (l.order == DqTileOrder::Wgmma64) {
+    // The converted tile in row order in shared memory (each vector's two pairs land in two rows),
+    // then stored 16 bytes per row chunk. Row pitch: dim / 2 words + 4, so a warp's pair writes
+    // (8 rows x 4 columns of a panel) hit 32 banks and every row stays 16-byte aligned.
+    const int pitch = l.dim / 2 + 4;
+    constexpr int kGroup = 8;
+    const int n = kPostRows * l.dim / 4;  // vectors of the tile
+    for (int v0 = threadIdx.x; v0 < n; v0 += kGroup * kPostThreads) {
+      float acc[kGroup][4] = {};
+      for (int split = 0; split < l.nsplits; ++split) {
+        const int64_t tile = l.at_from(l.offset(split, b, seg.cu_q, h, 0), r0, 0);
 #pragma unroll
         for (int k = 0; k < kGroup; ++k) {
           const int v = v0 + k * kPostThreads;
-          if (v < n) add_run_cg<4>(acc[t][k], accum + tile + 4 * v);
+          if (v < n) add_run<4>(acc[k], accum + tile + 4 * v);
         }
       }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float mul = p.scale;
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
         const int v = v0 + k * kPostThreads;
         const int u = v % 128, r = DqAccumLayout::vector_row(u);
         const int c = 8 * (v / 128) + DqAccumLayout::vector_col(u);
         if (v < n) {
-          // An unwritten tile's scratch may hold anything, NaN included: selected, not scaled.
-          float x[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) x[e] = job[t].live ? acc[t][k][e] * mul : 0.f;
-          uint32_t* st = staged + t * tile_words;
-          st[r * pitch + c / 2] = pack2<T>(x[0], x[1]);
-          st[(r + 8) * pitch + c / 2] = pack2<T>(x[2], x[3]);
+          staged[r * pitch + c / 2] = pack2<T>(acc[k][0] * p.scale, acc[k][1] * p.scale);
+          staged[(r + 8) * pitch + c / 2] = pack2<T>(acc[k][2] * p.scale, acc[k][3] * p.scale);
         }
       }
     }
-  }
-  sync();
-  if constexpr (kDiscard) {
-    // Every thread's loads are consumed (staged) before the barrier: the scratch's lines are
-    // dropped from L2 unwritten (no one reads them again), one thread per 128-byte line.
-    constexpr int kLineVectors = 128 / (4 * int(sizeof(E)));
-    if (tid % kLineVectors == 0) {
-      for (int split = 0; split < l.nsplits; ++split) {
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          if (!job[t].live) continue;
-          const int64_t tile = l.at_from(l.offset(split, b, seg.cu_q, job[t].h, 0), job[t].r0, 0);
-          for (int v = tid; v < n; v += kPostThreads) portable::discard_l2_line(accum + tile + 4 * v);
-        }
-      }
-    }
-  }
-  const int chunks = l.dim / 8;
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + job[t].r0, job[t].h);
-    const uint32_t* st = staged + t * tile_words;
-    for (int i = tid; i < job[t].rows * chunks; i += kPostThreads) {
+    __syncthreads();
+    const int chunks = l.dim / 8;
+    for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
       const int r = i / chunks, ch = i % chunks;
-      *reinterpret_cast<uint4*>(dq + r * p.dq_layout.token_stride + ch * 8) =
-          *reinterpret_cast<const uint4*>(st + r * pitch + ch * 4);
+      *reinterpret_cast<uint4*>(dq + r * stride + ch * 8) =
+          *reinterpret_cast<const uint4*>(staged + r * pitch + ch * 4);
     }
-  }
-}
-
-// dQ of one tile and head in the scratch's Rows order (the portable backward's): 8 columns of a
-// row per load and store, groups of 4 row chunks (128 bytes of fp32) per thread issued before the
-// first store. Grid (tiles, heads).
-template <class T, class E>
-__device__ __forceinline__ void convert_rows(const ConvertParams& p, int b, const Segment& seg,
-                                             int h, int r0, int rows) {
-  const DqAccumLayout& l = p.layout;
-  const E* accum = static_cast<const E*>(p.accum);
-  T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, h);
-  const int64_t stride = p.dq_layout.token_stride;
-  constexpr int kGroup = 4;
-  const int chunks = l.dim / 8, n = rows * chunks;
-  for (int i0 = threadIdx.x; i0 < n; i0 += kGroup * kPostThreads) {
-    float acc[kGroup][8] = {};
-    for (int split = 0; split < l.nsplits; ++split) {
-      const int64_t base = l.offset(split, b, seg.cu_q, h, 0);
+  } else {
+    constexpr int kGroup = 4;
+    const int chunks = l.dim / 8, n = rows * chunks;
+    for (int i0 = threadIdx.x; i0 < n; i0 += kGroup * kPostThreads) {
+      float acc[kGroup][8] = {};
+      for (int split = 0; split < l.nsplits; ++split) {
+        const int64_t base = l.offset(split, b, seg.cu_q, h, 0);
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int i = i0 + k * kPostThreads;
+          if (i < n) {
+            add_run<8>(acc[k], accum + l.at_from(base, r0 + i / chunks, (i % chunks) * 8));
+          }
+        }
+      }
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
         const int i = i0 + k * kPostThreads;
         if (i < n) {
-          add_run<8>(acc[k], accum + l.at_from(base, r0 + i / chunks, (i % chunks) * 8));
+          uint4 out;
+          T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[k][e] * p.scale);
+          *reinterpret_cast<uint4*>(dq + (i / chunks) * stride + (i % chunks) * 8) = out;
         }
       }
     }
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int i = i0 + k * kPostThreads;
-      if (i < n) {
-        uint4 out;
-        T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[k][e] * p.scale);
-        *reinterpret_cast<uint4*>(dq + (i / chunks) * stride + (i % chunks) * 8) = out;
-      }
-    }
-  }
-}
-
-// Calls f.template operator()<E>() with E the scratch's element type.
-template <class F>
-__device__ __forceinline__ void with_accum_type(AccumType type, F f) {
-  if (type == AccumType::F32) {
-    f(float{});
-  } else if (type == AccumType::BF16) {
-    f(__nv_bfloat16{});
-  } else {
-    f(__half{});
   }
 }
 
@@ -345,21 +248,30 @@ __global__ void __launch_bounds__(kPostThreads)
   const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const Segment seg = p.segs.get(tc.segment);
-  // Converted by the main kernel's last key tile of the segment (DqFinish).
-  if (p.finish.in_main_kernel(seg.len_q, seg.len_kv)) return;
-  const int h = blockIdx.y, r0 = tc.tile * kPostRows, rows = min(kPostRows, seg.len_q - r0);
+  const int r0 = tc.tile * kPostRows, rows = min(kPostRows, seg.len_q - r0);
   // Wgmma64's staged tile: 64 rows of up to 8 * kMaxChunks 16-bit columns, pitch + 4 words.
   __shared__ __align__(16) uint32_t staged[kPostRows * (kMaxChunks * 4 + 4)];
-  with_accum_type(p.layout.type, [&](auto e) {
-    using E = decltype(e);
-    if (p.layout.order == DqTileOrder::Wgmma64) {
-      const TileJob job[1] = {{h, r0, rows, tile_live(p, tc.segment, seg, h, r0)}};
-      convert_tiles<T, E, 1>(
-          p, tc.segment, seg, job, int(threadIdx.x), [] { __syncthreads(); }, staged);
-    } else {
-      convert_rows<T, E>(p, tc.segment, seg, h, r0, rows);
+  if (p.claims != nullptr) {
+    // Claimed tiles are Wgmma64's (the Plan's): this CTA's rows are one tile of the scratch.
+    const DqAccumLayout& l = p.layout;
+    const int64_t tile = l.tile_of(l.offset(0, tc.segment, seg.cu_q, blockIdx.y, r0));
+    if (p.claims[tile] == 0) {  // no key tile wrote it: dQ = 0
+      T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, blockIdx.y);
+      const int chunks = l.dim / 8;
+      for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
+        *reinterpret_cast<uint4*>(dq + (i / chunks) * p.dq_layout.token_stride + (i % chunks) * 8) =
+            make_uint4(0u, 0u, 0u, 0u);
+      }
+      return;
     }
-  });
+  }
+  if (p.layout.type == AccumType::F32) {
+    convert_tile<T, float>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
+  } else if (p.layout.type == AccumType::BF16) {
+    convert_tile<T, __nv_bfloat16>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
+  } else {
+    convert_tile<T, __half>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
+  }
 }
 
 }  // namespace post

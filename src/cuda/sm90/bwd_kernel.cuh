@@ -35,7 +35,6 @@
 #include <type_traits>
 
 #include "cuda/portable/bwd_common.cuh"
-#include "cuda/post/bwd_post.cuh"
 #include "cuda/sm90/config.hpp"
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_ops.hpp"
@@ -141,90 +140,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   __syncthreads();  // barriers initialized before anyone arrives or waits
 
-  // The segment's dQ converted by its last key tile's CTA (DqFinish): warp 1 counts, the consumers
-  // convert if the count was the last (kFinishBarrier: warp 1 and both consumers).
-  const bool finishes = !DQ_REGS && p.dq_finish_counts != nullptr &&
-                        p.dq_finish.in_main_kernel(seg.len_q, seg.len_kv);
-  volatile int32_t* finish_flag = reinterpret_cast<volatile int32_t*>(smem + L.finish_flag);
-  constexpr int kFinishBarrier = 4;
-  constexpr int kFinishThreads = 128 * C.consumers + 32;
-  // Producer warp 1, lane 0: each step's dQ tile, rows [m0, m0 + BM) of head h, into the scratch;
-  // then, where the segment's dQ is finished here (DqFinish), this CTA's count, and the verdict
-  // (the count that completes the segment's) in shared memory for the consumers.
-  auto add_dq = [&]() {
-    for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
-      const int h = hk * p.group + qh;  // as warp 0 counts them
-      const int m_tile = m_first + qt;
-      const int m0 = m_tile * BM;
-      // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
-      // they hold, land in its own slot's last tile and are never read).
-      const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
-      // Claimed tiles (config.hpp's bwd_dq_claimed; the scratch was not zeroed): the first key
-      // tile to claim this one (0 -> 1) stores it and marks it written (2) once its bulk copy
-      // has completed; any other adds only once the tile is marked. The marking mirrors the
-      // deterministic turns' release and acquire. The claim is taken before the step's tile is
-      // in (its round trip overlaps the consumers' step, not this warp's hand-off).
-      int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
-      const int claimed = claim ? atomicCAS(claim, 0, 1) : 2;
-      mbar_wait(dq_full, it & 1);
-      int32_t* lock = nullptr;
-      int expected = 0;
-      if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
-        expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
-        lock = portable::dq_tile_lock<BM>(p, b, seg, h, m_tile);
-        while (atomicAdd(lock, 0) != expected) __nanosleep(64);
-        __threadfence();
-      }
-      const bool first = claimed == 0;
-      if (claim && !first) {  // another key tile's: wait for its store
-        for (int state = claimed; state != 2; state = atomicAdd(claim, 0)) __nanosleep(32);
-        __threadfence();
-        fence_proxy_async_global();  // the store seen before this thread's bulk reduce-add
-      }
-      void* dst = static_cast<unsigned char*>(p.dq_accum_ptr) + off * p.dq_accum.elem_bytes();
-      const uint32_t bytes = uint32_t(BM) * DQK * uint32_t(p.dq_accum.elem_bytes());
-      // A segment finished here keeps its scratch in L2 until its conversion reads it.
-      const uint64_t policy = finishes ? l2_policy_evict_last() : l2_policy_evict_normal();
-      if (first) {
-        bulk_store(dst, smem + L.dq, bytes, policy);
-      } else if (p.dq_accum.type == AccumType::F32) {
-        bulk_reduce_add(static_cast<float*>(dst), smem + L.dq, bytes, policy);
-      } else {
-        // The 16-bit scratch is in the input's own format (the Plan's AccumType).
-        bulk_reduce_add(static_cast<T*>(dst), smem + L.dq, bytes, policy);
-      }
-      bulk_commit();
-      if (lock) {
-        bulk_wait_done();
-        fence_proxy_async_global();
-        __threadfence();
-        atomicAdd(lock, 1);
-      } else {
-        bulk_wait_read();
-      }
-      mbar_arrive(dq_empty);  // the tile's shared memory may be written again
-      if (first) {            // the tile is written: the other key tiles may add into it
-        bulk_wait_done();
-        fence_proxy_async_global();
-        __threadfence();
-        atomicExch(claim, 2);
-      }
-    }
-    bulk_wait_done();
-    if (finishes) {
-      // Every addition of this CTA has completed: made visible before the count (the claims'
-      // release), and the last count's acquire before the consumers read the scratch (the
-      // consumers' barrier with this warp orders their loads after it).
-      fence_proxy_async_global();
-      __threadfence();
-      const int hkv = p.heads_q / p.group;
-      const int done = atomicAdd(p.dq_finish_counts + int64_t(b) * hkv + hk, 1) + 1;
-      const bool last = done == int(p.kv_tiles.count(seg.len_kv));
-      if (last) __threadfence();
-      *finish_flag = last ? 1 : 0;
-    }
-  };
-
   if (wg == 0) {
     regs_dealloc<C.producer_regs>();
     const int warp = tid / 32;
@@ -327,12 +242,65 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         if (it == 0) mbar_arrive(kv_full);
         mbar_arrive(&full[s]);
       }
-    } else if (!DQ_REGS && warp == 1) {
-      if (lane == 0) add_dq();
-      if (finishes) {  // the verdict to the consumers (the whole warp arrives)
-        __syncwarp();
-        named_barrier_arrive(kFinishBarrier, kFinishThreads);
+    } else if (!DQ_REGS && warp == 1 && lane == 0) {
+      // ---- dQ: each step's tile, rows [m0, m0 + BM) of head h, into the scratch.
+      for (int it = 0, qt = w.m_rot, qh = 0; it < n_it; ++it, w.next_step(qt, qh)) {
+        const int h = hk * p.group + qh;  // as warp 0 counts them
+        const int m_tile = m_first + qt;
+        const int m0 = m_tile * BM;
+        // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
+        // they hold, land in its own slot's last tile and are never read).
+        const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
+        // Claimed tiles (config.hpp's bwd_dq_claimed; the scratch was not zeroed): the first key
+        // tile to claim this one (0 -> 1) stores it and marks it written (2) once its bulk copy
+        // has completed; any other adds only once the tile is marked. The marking mirrors the
+        // deterministic turns' release and acquire. The claim is taken before the step's tile is
+        // in (its round trip overlaps the consumers' step, not this warp's hand-off).
+        int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
+        const int claimed = claim ? atomicCAS(claim, 0, 1) : 2;
+        mbar_wait(dq_full, it & 1);
+        int32_t* lock = nullptr;
+        int expected = 0;
+        if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
+          expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
+          lock = portable::dq_tile_lock<BM>(p, b, seg, h, m_tile);
+          while (atomicAdd(lock, 0) != expected) __nanosleep(64);
+          __threadfence();
+        }
+        const bool first = claimed == 0;
+        if (claim && !first) {  // another key tile's: wait for its store
+          for (int state = claimed; state != 2; state = atomicAdd(claim, 0)) __nanosleep(32);
+          __threadfence();
+          fence_proxy_async_global();  // the store seen before this thread's bulk reduce-add
+        }
+        void* dst = static_cast<unsigned char*>(p.dq_accum_ptr) + off * p.dq_accum.elem_bytes();
+        const uint32_t bytes = uint32_t(BM) * DQK * uint32_t(p.dq_accum.elem_bytes());
+        if (first) {
+          bulk_store(dst, smem + L.dq, bytes);
+        } else if (p.dq_accum.type == AccumType::F32) {
+          bulk_reduce_add(static_cast<float*>(dst), smem + L.dq, bytes);
+        } else {
+          // The 16-bit scratch is in the input's own format (the Plan's AccumType).
+          bulk_reduce_add(static_cast<T*>(dst), smem + L.dq, bytes);
+        }
+        bulk_commit();
+        if (lock) {
+          bulk_wait_done();
+          fence_proxy_async_global();
+          __threadfence();
+          atomicAdd(lock, 1);
+        } else {
+          bulk_wait_read();
+        }
+        mbar_arrive(dq_empty);  // the tile's shared memory may be written again
+        if (first) {            // the tile is written: the other key tiles may add into it
+          bulk_wait_done();
+          fence_proxy_async_global();
+          __threadfence();
+          atomicExch(claim, 2);
+        }
       }
+      bulk_wait_done();
     }
     return;
   }
@@ -801,46 +769,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
              p.dk_layout.token_stride, smem + L.k, dk0, DKN);
     copy_out(static_cast<T*>(p.dv) + p.dv_layout.offset(seg.kv_row0 + n0, hk),
              p.dv_layout.token_stride, smem + L.v, dv0, DVN);
-
-    // The segment's dQ, where this CTA's count was its last (DqFinish): every query head of the
-    // KV head's group, NT tiles of 64 rows per round through the staging (config.hpp's
-    // bwd_finish_tiles), by the same conversion as dq_convert's (post::convert_tiles), with the
-    // consumers as its kPostThreads threads.
-    if constexpr (!DQ_REGS) {
-      if (finishes) {
-        named_barrier_sync(kFinishBarrier, kFinishThreads);  // warp 1's verdict is in
-        if (*finish_flag != 0) {
-          constexpr int NT = bwd_finish_tiles(DQK, DV);
-          static_assert(kConsumerThreads == post::kPostThreads, "the consumers convert as one CTA");
-          static_assert(NT * bwd_finish_staged_tile(DQK) <= L.finish_staged_bytes,
-                        "the finishing tiles' staging fits the stages and dS^T buffers");
-          static_assert(BM == post::kPostRows, "one query step's tile is one converted tile");
-          const post::ConvertParams cp{p.dq_accum_ptr, p.dq_claims,   p.dq_accum,
-                                       p.dq_finish,    p.dq,          p.segs,
-                                       p.dq_layout,    RaggedTiles{}, p.scale};
-          uint32_t* staged = reinterpret_cast<uint32_t*>(smem + L.finish_staged);
-          const auto sync = [] { named_barrier_sync(1, kConsumerThreads); };
-          const int tiles_q = (seg.len_q + BM - 1) / BM, units = p.group * tiles_q;
-          for (int u0 = 0; u0 < units; u0 += NT) {
-            post::TileJob job[NT];
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-              const int u = u0 + t, h = hk * p.group + (u < units ? u / tiles_q : 0);
-              const int r0 = u < units ? (u % tiles_q) * BM : 0;
-              job[t] = u < units ? post::TileJob{h, r0, min(BM, seg.len_q - r0),
-                                                 post::tile_live(cp, b, seg, h, r0)}
-                                 : post::TileJob{h, 0, 0, false};
-            }
-            if (p.dq_accum.type == AccumType::F32) {
-              post::convert_tiles<T, float, NT, true>(cp, b, seg, job, tid - 128, sync, staged);
-            } else {  // the 16-bit scratch is in the input's own format
-              post::convert_tiles<T, T, NT, true>(cp, b, seg, job, tid - 128, sync, staged);
-            }
-            sync();  // the staging is read out before the next round writes it
-          }
-        }
-      }
-    }
   };
   // Both consumers have the same widths (bwd_columns_ok): one instantiation of the loop.
   constexpr BwdColumns widths = bwd_columns(DQK, DV, 0);

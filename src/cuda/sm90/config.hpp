@@ -17,10 +17,6 @@
 #include "core/defs.hpp"
 #include "core/mask.hpp"
 
-#ifndef RATTN_SM90_DQ_FINISH_MAX_ROWS
-#define RATTN_SM90_DQ_FINISH_MAX_ROWS 2048
-#endif
-
 namespace raggedattn {
 namespace sm90 {
 
@@ -272,15 +268,6 @@ RATTN_HD constexpr bool bwd_dq_from_registers(int dqk, int dv, bool deterministi
 RATTN_HD constexpr bool bwd_dq_claimed(bool dq_regs, bool deterministic) {
   return !dq_regs && !deterministic;
 }
-// The longest segment (query rows) whose dQ the backward's main kernel converts itself where it
-// claims its tiles (DqFinish; BwdWorkspace::dq_finish): the CTA of the segment's key tile that
-// counts itself done last converts the segment's dQ for its KV head's query heads from the
-// scratch while it is still in L2, and dq_convert skips the segment. The conversion holds that CTA
-// for about a microsecond per bwd_finish_tiles tiles of 64 rows per query head of the group, so a
-// long segment's would stretch the grid's end; those keep dq_convert. 0: none.
-RATTN_HD constexpr int64_t bwd_dq_finish_max_rows(int /*dqk*/, int /*dv*/) {
-  return RATTN_SM90_DQ_FINISH_MAX_ROWS;
-}
 // The longest segment (query rows) whose KV heads the backward's schedule interleaves tile by
 // tile (BwdWorkspace::schedule): one whose query side for every head, what its CTAs stream (Q and
 // dO rows, the dQ scratch's, LSE and dot(dO, O)), fits 1 / kBwdInterleaveL2Share of the L2 (at
@@ -431,10 +418,6 @@ RATTN_HD constexpr int bwd_ds_buffers(int dqk, int dv) {
 // source of the bulk reduce; none where dQ goes from registers); the mbarriers.
 struct BwdSmem {
   size_t k, v, q, d_o, ds, dq, lse, dpsum, bars;  // byte offsets from the 1024-aligned base
-  // The conversion of a segment's dQ by its last key tile's CTA (DqFinish): warp 1's verdict (an
-  // int32 after the barriers) and the converted tiles' staging, in the Q/dO stages and dS^T
-  // buffers [q, ds + ds bytes), free once the consumers' last step is done.
-  size_t finish_flag, finish_staged, finish_staged_bytes;
   size_t q_stage, do_stage, ds_stage, stat_stage;
   size_t dq_tile;  // the dQ tile's bytes: room for fp32, the larger scratch type; 0 from registers
   int ds_buffers;
@@ -463,21 +446,8 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, bool dq_regs) {
   s.lse = s.dq + s.dq_tile;
   s.dpsum = s.lse + c.stages * s.stat_stage;
   s.bars = s.dpsum + c.stages * s.stat_stage;
-  s.finish_flag = s.bars + bwd_barriers(c.stages) * 8;
-  s.finish_staged = s.q;
-  s.finish_staged_bytes = s.dq - s.q;
-  s.bytes = s.finish_flag + 8 + kSmemAlign;
+  s.bytes = s.bars + bwd_barriers(c.stages) * 8 + kSmemAlign;
   return s;
-}
-// The finishing conversion's tiles in flight per round (bwd_kernel.cuh): each staged in row order,
-// 64 rows of dqk / 2 + 4 words (post::convert_tiles), as many (at most 4) as the staging holds.
-RATTN_HD constexpr size_t bwd_finish_staged_tile(int dqk) {
-  return size_t(64) * (dqk / 2 + 4) * 4;
-}
-RATTN_HD constexpr int bwd_finish_tiles(int dqk, int dv) {
-  return bwd_smem(dqk, dv, false).finish_staged_bytes >= 4 * bwd_finish_staged_tile(dqk)   ? 4
-         : bwd_smem(dqk, dv, false).finish_staged_bytes >= 2 * bwd_finish_staged_tile(dqk) ? 2
-                                                                                           : 1;
 }
 static_assert(bwd_smem(64, 64, false).bytes <= 227 * 1024 &&
                   bwd_smem(128, 128, false).bytes <= 227 * 1024 &&

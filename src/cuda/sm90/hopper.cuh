@@ -62,8 +62,6 @@ using portable::bulk_wait_done;
 using portable::bulk_wait_read;
 using portable::fence_proxy_async_global;
 using portable::fence_proxy_async_smem;
-using portable::l2_policy_evict_last;
-using portable::l2_policy_evict_normal;
 
 // mbarrier (shared memory, CTA scope): a phase completes when `count` arrivals have happened.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
