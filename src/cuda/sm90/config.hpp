@@ -211,11 +211,12 @@ RATTN_HD constexpr size_t tile_bytes(int rows, int dim) {
 // warpgroups that never wait on global memory or atomics. How the consumers share the work:
 //   - D = 64, 128 and Dqk 192 / Dv 128 (key split): 128 keys, 64 per consumer (the M of one
 //     wgmma); each computes the scores of its keys, and dS^T goes through shared memory to both
-//     for dQ, whose columns they split. Three Q/dO stages up to D = 128. At 192/128 a consumer's
-//     dK and dV take 160 accumulator registers (m64n192 and m64n128), so the consumers run at 240
-//     registers (the producer at 24), compute S^T, P^T and then dP^T in turn (not both score
-//     products in flight: bwd_kernel.cuh's kScoresInTurn) and dQ in parts of 32 columns; with any
-//     of the three undone ptxas serializes the wgmmas (C7512). Two stages and one dS^T buffer
+//     for dQ, whose columns they split. Three Q/dO stages at D = 64, two at D = 128
+//     (bwd_key_split_stages). At 192/128 a consumer's dK and dV take 160 accumulator registers
+//     (m64n192 and m64n128), so the consumers run at 240 registers (the producer at 24), compute
+//     S^T, P^T and then dP^T in turn (not both score products in flight: bwd_kernel.cuh's
+//     kScoresInTurn) and dQ in parts of 32 columns; with any of the three undone ptxas
+//     serializes the wgmmas (C7512). Two stages and one dS^T buffer
 //     (bwd_ds_buffers): K 48 KiB, V 32 KiB, two stages of 40 KiB, the dS^T buffer 16 KiB and the
 //     fp32 dQ tile 48 KiB take 225 KiB of 227. (Until item 86 192/128 took the column split:
 //     1.38x the minimum matrix work; until item 88 it had one stage and two dS^T buffers.)
@@ -284,9 +285,18 @@ inline int64_t bwd_interleave_rows(int64_t l2_bytes, int heads_q, int dqk, int d
   const int64_t row_bytes = int64_t(heads_q) * (2 * dqk + 2 * dv + accum_bytes * dqk + 8);
   return l2_bytes / kBwdInterleaveL2Share / row_bytes;
 }
+// The key split's Q/dO stages at D = 64 and 128. At D = 128 the third stage (32 KiB) gains
+// nothing: measured on the H200 (docs/PERFORMANCE.md item 110, 2026-12-04; Hq 32 / Hkv 8, two
+// rounds in two calls, backward TFLOP/s, two stages against three) docs_mixed_32k +0.4 / +0.8%,
+// docs_short_32k +0.8 / +0.4%, one_doc_16k +1.0 / +0.6%, docs_mixed_32k_full +1.2% (one round);
+// the 16-bit mode +0.4 to +1.8%. (Item 17 had measured the third stage at +1-5% when the kernel
+// ran at 130-370.) D = 64 keeps the three it was measured with.
+RATTN_HD constexpr int bwd_key_split_stages(int dqk) {
+  return dqk == 128 ? 2 : 3;
+}
 RATTN_HD constexpr BwdConfig bwd_config(int dqk, int dv, bool dq_regs) {
   return bwd_scores_in_turn(dqk, dv)  ? BwdConfig{64, 128, 2, 2, 24, 240}
-         : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, 3, 40, 232}
+         : !bwd_column_split(dqk, dv) ? BwdConfig{64, 128, 2, bwd_key_split_stages(dqk), 40, 232}
                                       : BwdConfig{64, 64, 2, dq_regs ? 2 : 1, 40, 232};
 }
 constexpr BwdConfig kBwd = bwd_config(128, 128, false);
