@@ -59,9 +59,15 @@ struct RaggedTiles {
       else
         hi = mid - 1;
     }
-    int64_t local = t - first(lo, cu[lo]);
+    return at(lo, t, cu);
+  }
+
+  // Index t as a tile of segment b, where b is the largest segment with first(b) <= t (locate's
+  // search, or the post kernels' CTA-wide one: post::locate_cta).
+  RATTN_HD TileCoord at(int b, int64_t t, const int32_t* cu) const {
+    const int64_t local = t - first(b, cu[b]);
     TileCoord c;
-    c.segment = local < count(cu[lo + 1] - cu[lo]) ? lo : -1;
+    c.segment = local < count(cu[b + 1] - cu[b]) ? b : -1;
     c.tile = static_cast<int32_t>(local);
     return c;
   }

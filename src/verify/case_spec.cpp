@@ -114,6 +114,16 @@ std::vector<CaseSpec> named_suite(int32_t hq, int32_t hkv) {
     s.push_back(c);
   }
   s.push_back(causal("short_odd", {1, 17, 1, 33, 2, 15}, hq, hkv));
+  {
+    // More segments than one round of the post kernels' CTA-wide search takes (post::locate_cta:
+    // 257), so its second round runs: 300 documents of 0 to 12 tokens (0 and 1 among them),
+    // every 50th one 70 to 120 tokens long (two row tiles).
+    std::vector<int32_t> lens(300);
+    for (size_t i = 0; i < lens.size(); ++i) {
+      lens[i] = i % 50 == 25 ? int32_t(70 + 10 * (i / 50)) : int32_t((i * 7 + 3) % 13);
+    }
+    s.push_back(causal("many_docs", std::move(lens), hq, hkv));
+  }
   return s;
 }
 

@@ -74,13 +74,15 @@ TEST(NamedSuite, CoversTheIssue) {
        {"gqa_causal_256", "gqa_causal_100_80_76", "gqa_causal_128x2", "gqa_causal_64x4",
         "gqa_causal_200_56", "gqa_causal_103_77_61", "pack_2044", "mqa", "d192_dv128", "d64",
         "d256", "cross_bottom_right", "zero_length", "padded_thd", "gqa3_padded_d64",
-        "sliding_window", "non_causal", "softcap"}) {
+        "sliding_window", "non_causal", "softcap", "many_docs"}) {
     ASSERT_NE(find(n), nullptr) << n;
   }
   int total = 0;
   for (int32_t l : find("pack_2044")->seqlens_q) total += l;
   EXPECT_EQ(total, 2044);
   EXPECT_EQ(find("mqa")->hkv, 1);
+  // Past one round of the post kernels' CTA-wide search (post::locate_cta, kPostThreads + 1).
+  EXPECT_GT(find("many_docs")->seqlens_q.size(), 257u);
   EXPECT_EQ(find("gqa_causal_256")->hq, 32);
   EXPECT_EQ(find("gqa_causal_256")->hkv, 8);
   EXPECT_TRUE(find("padded_thd")->padded);

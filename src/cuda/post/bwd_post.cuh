@@ -5,7 +5,8 @@
 //   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::at_from — the
 //               same function, from the same Plan object, the main kernel wrote through (in
 //               either tile order).
-// Both walk the rows of every segment with the ragged tile map (kPostRows rows per CTA).
+// Both walk the rows of every segment with the ragged tile map (kPostRows rows per CTA), each CTA
+// finding its segment with locate_cta.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,6 +49,24 @@ __device__ __forceinline__ __half from_float(float x) {
   return __float2half_rn(x);
 }
 
+// RaggedTiles::locate for the whole CTA: the largest b with first(b) <= t by a kPostThreads-ary
+// search, each round one probe per thread and one barrier counting the probes that pass (the
+// predicate holds on a prefix of b: first() is increasing). Up to kPostThreads + 1 segments it
+// takes one round of loads (the binary search took log2(batch) dependent ones, the post kernels'
+// CTAs are short, and that chain was a quarter of dq_convert on many short documents), two up to
+// about 65 000. Every thread of the CTA must call it, with the same t; all get the same answer.
+__device__ __forceinline__ TileCoord locate_cta(const RaggedTiles& m, int64_t t, const int32_t* cu) {
+  int lo = 0, hi = m.batch - 1;  // the answer lies in [lo, hi]; first(0) == 0 <= t
+  while (lo < hi) {
+    const int step = (hi - lo + kPostThreads - 1) / kPostThreads;
+    const int b = lo + step * (int(threadIdx.x) + 1);  // probes lo + step, lo + 2 step, ...
+    const bool pass = b <= hi && m.first(b, cu[b]) <= t;
+    lo += step * __syncthreads_count(pass);  // the last probe that passes (lo: none did)
+    hi = min(hi, lo + step - 1);             // the next probe failed or lies past hi
+  }
+  return m.at(lo, t, cu);
+}
+
 struct DotParams {
   const void* o;
   const void* d_o;
@@ -81,7 +100,7 @@ __global__ void __launch_bounds__(kPostThreads)
   // Every CTA clears its share, also one whose tile lies past the last segment.
   clear_share(p.clear, p.clear_words, size_t(blockIdx.y) * gridDim.x + blockIdx.x,
               size_t(gridDim.x) * gridDim.y);
-  const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
+  const TileCoord tc = locate_cta(p.tiles, blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const Segment seg = p.segs.get(tc.segment);
   const int h = blockIdx.y, r0 = tc.tile * kPostRows;
@@ -245,7 +264,7 @@ __device__ __forceinline__ void convert_tile(const ConvertParams& p, int b, cons
 template <class T>
 __global__ void __launch_bounds__(kPostThreads)
     dq_convert_kernel(const __grid_constant__ ConvertParams p) {
-  const TileCoord tc = p.tiles.locate(blockIdx.x, p.segs.cu_q);
+  const TileCoord tc = locate_cta(p.tiles, blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const Segment seg = p.segs.get(tc.segment);
   const int r0 = tc.tile * kPostRows, rows = min(kPostRows, seg.len_q - r0);
