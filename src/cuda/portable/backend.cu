@@ -58,8 +58,7 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, void* workspace, 
                         cudaStream_t s) {
   const Problem& pr = d.problem;
   const RaggedTiles tiles{post::kPostRows, pr.batch};
-  const dim3 grid(unsigned(RaggedTiles::bound(pr.total_q, pr.batch, post::kPostRows)),
-                  unsigned(pr.num_heads_q));
+  const dim3 grid = post::post_grid(pr.total_q, pr.batch, pr.num_heads_q);
   if (!convert) {
     // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words, or, where the
     // main kernel claims its tiles (BwdWorkspace::dq_claims), only the claims.
@@ -67,11 +66,11 @@ cudaError_t launch_post(const PlanData& d, const BwdParams& p, void* workspace, 
     uint4* clear = cleared.in<uint4>(workspace);
     const size_t clear_words = cleared.bytes / sizeof(uint4);
     post::DotParams dp{p.o,     p.d_o, p.dpsum,       p.segs, p.o_layout, p.do_layout,
-                       p.stats, tiles, pr.head_dim_v, clear,  clear_words};
+                       p.stats, tiles, pr.head_dim_v, pr.num_heads_q, clear,  clear_words};
     post::dot_do_o_kernel<T><<<grid, post::kPostThreads, 0, s>>>(dp);
   } else {
     post::ConvertParams cp{p.dq_accum_ptr, p.dq_claims, p.dq_accum, p.dq,
-                           p.segs,         p.dq_layout, tiles,      p.scale};
+                           p.segs,         p.dq_layout, tiles,      p.scale, pr.num_heads_q};
     post::dq_convert_kernel<T><<<grid, post::kPostThreads, 0, s>>>(cp);
   }
   return cudaGetLastError();

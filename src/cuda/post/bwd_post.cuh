@@ -6,7 +6,8 @@
 //               same function, from the same Plan object, the main kernel wrote through (in
 //               either tile order).
 // Both walk the rows of every segment with the ragged tile map (kPostRows rows per CTA), each CTA
-// finding its segment with locate_cta.
+// finding its segment once with locate_cta and then taking kPostHeads query heads of its rows in
+// turn (grid: post_grid).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,6 +25,8 @@ namespace post {
 // A CTA's rows: one 64-row tile of DqAccumLayout's Wgmma64 order, which dq_convert reads whole.
 constexpr int kPostRows = DqAccumLayout::kTileRows;
 constexpr int kPostThreads = 256;
+// Query heads per CTA: the segment search and the CTA's start are paid once for all of them.
+constexpr int kPostHeads = 4;
 // 16-byte chunks of a row at the largest head dim (256): the loops' trip bound.
 constexpr int kMaxChunks = 32;
 
@@ -67,6 +70,22 @@ __device__ __forceinline__ TileCoord locate_cta(const RaggedTiles& m, int64_t t,
   return m.at(lo, t, cu);
 }
 
+// The post kernels' grid for a problem: (ragged tiles of kPostRows rows, groups of kPostHeads query
+// heads); the kernels read the head count from their params and skip the heads past it.
+inline dim3 post_grid(int64_t total_q, int32_t batch, int32_t num_heads_q) {
+  return dim3(unsigned(RaggedTiles::bound(total_q, batch, kPostRows)),
+              unsigned(ceil_div(num_heads_q, kPostHeads)));
+}
+
+// This CTA's query heads: [first, end).
+struct HeadRange {
+  int first, end;
+};
+__device__ __forceinline__ HeadRange cta_heads(int num_heads_q) {
+  const int first = int(blockIdx.y) * kPostHeads;
+  return {first, min(num_heads_q, first + kPostHeads)};
+}
+
 struct DotParams {
   const void* o;
   const void* d_o;
@@ -76,6 +95,7 @@ struct DotParams {
   RowStatLayout stats;
   RaggedTiles tiles;  // kPostRows rows
   int dv;
+  int num_heads_q;
   // The dQ scratch's region (BwdWorkspace::dq_accum_region) in 16-byte words, zeroed by the grid
   // before the main kernel adds into it; clear_words == 0: nothing to zero.
   uint4* clear;
@@ -92,7 +112,6 @@ __device__ __forceinline__ void clear_share(uint4* dst, size_t words, size_t cta
 
 // Each thread loads 16-byte chunks of O and dO, 4 of each before the first product; the chunks'
 // partial sums meet in shared memory and one thread per row adds them up in column order.
-// Grid (tiles, heads).
 template <class T>
 __global__ void __launch_bounds__(kPostThreads)
     dot_do_o_kernel(const __grid_constant__ DotParams p) {
@@ -103,41 +122,45 @@ __global__ void __launch_bounds__(kPostThreads)
   const TileCoord tc = locate_cta(p.tiles, blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const Segment seg = p.segs.get(tc.segment);
-  const int h = blockIdx.y, r0 = tc.tile * kPostRows;
+  const int r0 = tc.tile * kPostRows;
   const int rows = min(kPostRows, seg.len_q - r0), chunks = p.dv / 8, n = rows * chunks;
-  const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(seg.q_row0 + r0, h);
-  const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(seg.q_row0 + r0, h);
-  // Groups of 4 chunks per thread (the whole tile at D <= 128): 8 loads in flight, then products.
-  constexpr int kGroup = 4;
-  for (int k0 = threadIdx.x; k0 < n; k0 += kGroup * kPostThreads) {
-    uint4 ov[kGroup], dv[kGroup];
+  const HeadRange heads = cta_heads(p.num_heads_q);
+  for (int h = heads.first; h < heads.end; ++h) {
+    const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(seg.q_row0 + r0, h);
+    const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(seg.q_row0 + r0, h);
+    // Groups of 4 chunks per thread (the whole tile at D <= 128): 8 loads in flight, then products.
+    constexpr int kGroup = 4;
+    for (int k0 = threadIdx.x; k0 < n; k0 += kGroup * kPostThreads) {
+      uint4 ov[kGroup], dv[kGroup];
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int i = k0 + k * kPostThreads;
-      if (i < n) {
-        const int r = i / chunks, col = (i % chunks) * 8;
-        ov[k] = *reinterpret_cast<const uint4*>(o + r * p.o_layout.token_stride + col);
-        dv[k] = *reinterpret_cast<const uint4*>(d_o + r * p.do_layout.token_stride + col);
+      for (int k = 0; k < kGroup; ++k) {
+        const int i = k0 + k * kPostThreads;
+        if (i < n) {
+          const int r = i / chunks, col = (i % chunks) * 8;
+          ov[k] = *reinterpret_cast<const uint4*>(o + r * p.o_layout.token_stride + col);
+          dv[k] = *reinterpret_cast<const uint4*>(d_o + r * p.do_layout.token_stride + col);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const int i = k0 + k * kPostThreads;
+        if (i < n) {
+          const T* oe = reinterpret_cast<const T*>(&ov[k]);
+          const T* de = reinterpret_cast<const T*>(&dv[k]);
+          float sum = 0.f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
+          part[i / chunks][i % chunks] = sum;
+        }
       }
     }
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int i = k0 + k * kPostThreads;
-      if (i < n) {
-        const T* oe = reinterpret_cast<const T*>(&ov[k]);
-        const T* de = reinterpret_cast<const T*>(&dv[k]);
-        float sum = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
-        part[i / chunks][i % chunks] = sum;
-      }
+    __syncthreads();
+    if (int(threadIdx.x) < rows) {
+      float sum = 0.f;
+      for (int c = 0; c < chunks; ++c) sum += part[threadIdx.x][c];
+      p.dpsum[p.stats.offset(h, seg.q_row0 + r0 + threadIdx.x)] = sum;
     }
-  }
-  __syncthreads();
-  if (int(threadIdx.x) < rows) {
-    float sum = 0.f;
-    for (int c = 0; c < chunks; ++c) sum += part[threadIdx.x][c];
-    p.dpsum[p.stats.offset(h, seg.q_row0 + r0 + threadIdx.x)] = sum;
+    __syncthreads();  // part is the next head's
   }
 }
 
@@ -180,13 +203,14 @@ struct ConvertParams {
   TensorLayout dq_layout;
   RaggedTiles tiles;  // kPostRows rows
   float scale;
+  int num_heads_q;
 };
 
 // dQ of one 64-row tile and head. Every element is read at DqAccumLayout::at_from of its slot's
 // base, as the main kernel wrote it: in Wgmma64 order the tile is contiguous and the thread reads
 // it vector by vector (vector v at 4 v: rows vector_row, + 8 and columns vector_col, + 1 of panel
 // v / 128), whole 16-byte loads in fp32, and the tile goes out through shared memory in 16-byte
-// row chunks; in Rows order, 8 columns of a row per load and store. Grid (tiles, heads).
+// row chunks; in Rows order, 8 columns of a row per load and store.
 template <class T, class E>
 __device__ __forceinline__ void convert_tile(const ConvertParams& p, int b, const Segment& seg,
                                              int h, int r0, int rows, uint32_t* staged) {
@@ -270,26 +294,30 @@ __global__ void __launch_bounds__(kPostThreads)
   const int r0 = tc.tile * kPostRows, rows = min(kPostRows, seg.len_q - r0);
   // Wgmma64's staged tile: 64 rows of up to 8 * kMaxChunks 16-bit columns, pitch + 4 words.
   __shared__ __align__(16) uint32_t staged[kPostRows * (kMaxChunks * 4 + 4)];
-  if (p.claims != nullptr) {
-    // Claimed tiles are Wgmma64's (the Plan's): this CTA's rows are one tile of the scratch.
-    const DqAccumLayout& l = p.layout;
-    const int64_t tile = l.tile_of(l.offset(0, tc.segment, seg.cu_q, blockIdx.y, r0));
-    if (p.claims[tile] == 0) {  // no key tile wrote it: dQ = 0
-      T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, blockIdx.y);
-      const int chunks = l.dim / 8;
-      for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
-        *reinterpret_cast<uint4*>(dq + (i / chunks) * p.dq_layout.token_stride + (i % chunks) * 8) =
-            make_uint4(0u, 0u, 0u, 0u);
+  const HeadRange heads = cta_heads(p.num_heads_q);
+  for (int h = heads.first; h < heads.end; ++h) {
+    if (p.claims != nullptr) {
+      // Claimed tiles are Wgmma64's (the Plan's): this CTA's rows are one tile of the scratch.
+      const DqAccumLayout& l = p.layout;
+      const int64_t tile = l.tile_of(l.offset(0, tc.segment, seg.cu_q, h, r0));
+      if (p.claims[tile] == 0) {  // no key tile wrote it: dQ = 0
+        T* dq = static_cast<T*>(p.dq) + p.dq_layout.offset(seg.q_row0 + r0, h);
+        const int chunks = l.dim / 8;
+        for (int i = threadIdx.x; i < rows * chunks; i += kPostThreads) {
+          *reinterpret_cast<uint4*>(dq + (i / chunks) * p.dq_layout.token_stride +
+                                    (i % chunks) * 8) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        continue;  // the same for every thread: one tile, one head
       }
-      return;
     }
-  }
-  if (p.layout.type == AccumType::F32) {
-    convert_tile<T, float>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
-  } else if (p.layout.type == AccumType::BF16) {
-    convert_tile<T, __nv_bfloat16>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
-  } else {
-    convert_tile<T, __half>(p, tc.segment, seg, blockIdx.y, r0, rows, staged);
+    if (p.layout.type == AccumType::F32) {
+      convert_tile<T, float>(p, tc.segment, seg, h, r0, rows, staged);
+    } else if (p.layout.type == AccumType::BF16) {
+      convert_tile<T, __nv_bfloat16>(p, tc.segment, seg, h, r0, rows, staged);
+    } else {
+      convert_tile<T, __half>(p, tc.segment, seg, h, r0, rows, staged);
+    }
+    __syncthreads();  // staged is the next head's
   }
 }
 
