@@ -82,7 +82,7 @@ typedef struct rattn_problem {
   int32_t max_seqlen_kv;   /* upper bound of every segment's key length */
   int32_t has_seq_offsets; /* padded THD: seq_offsets_q/kv give each segment's first row */
   /* Rows outside every segment (padding, rows past the last segment) are never read into a
-   * result and never written: they may hold anything, NaN included. */
+   * result: they may hold anything, NaN included. They are written only with zero_padding. */
   /* shapes */
   int32_t num_heads_q;
   int32_t num_heads_kv; /* divides num_heads_q; 1 is MQA */
@@ -102,6 +102,10 @@ typedef struct rattn_problem {
   int32_t deterministic; /* dQ, dK, dV bitwise identical from run to run */
   /* where it runs */
   rattn_backend backend;
+  /* outputs' padding rows: 0 leaves the rows outside every segment of O, LSE (its columns), dQ,
+   * dK and dV untouched; 1 writes zeros there, so that outputs may be allocated uninitialized
+   * (the Python bindings' mode). Rows inside segments are the same either way. */
+  int32_t zero_padding;
 } rattn_problem;
 
 typedef struct rattn_device_caps {

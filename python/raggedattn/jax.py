@@ -322,6 +322,7 @@ def _plan(q_shape, k_shape, v_shape, dtype, batch: int, st: _Static):
     p.has_seq_offsets = int(st.has_offsets)
     p.dtype = _DTYPES[jnp.dtype(dtype)]
     st.opts.fill(p, _C)  # strides stay 0: contiguous, as the handler's problem has them
+    p.zero_padding = 1  # outputs are uninitialized, as in the handler's problem
     p.backend = _C.BACKEND_CUDA if st.cuda else _C.BACKEND_CPU
     return _C.get_plan(p, st.device)
 
@@ -350,14 +351,8 @@ def _forward(q, k, v, cu_q, cu_kv, off_q, off_kv, st: _Static):
     o_type = jax.ShapeDtypeStruct((total_q, hq, v.shape[2]), q.dtype)
     lse_type = jax.ShapeDtypeStruct((hq, total_q), jnp.float32)
     ws_type = jax.ShapeDtypeStruct((plan.workspace_size(_C.FORWARD),), jnp.uint8)
-    call = jax.ffi.ffi_call(
-        "raggedattn_fwd", (o_type, lse_type, ws_type), input_output_aliases={7: 0, 8: 1}
-    )
-    o, lse, _ = call(
-        q, k, v, cu_q, cu_kv, off_q, off_kv,
-        jnp.zeros(o_type.shape, o_type.dtype), jnp.zeros(lse_type.shape, lse_type.dtype),
-        **_ffi_attributes(st),
-    )
+    call = jax.ffi.ffi_call("raggedattn_fwd", (o_type, lse_type, ws_type))
+    o, lse, _ = call(q, k, v, cu_q, cu_kv, off_q, off_kv, **_ffi_attributes(st))
     return o, lse
 
 
@@ -365,13 +360,9 @@ def _backward(q, k, v, o, lse, d_o, cu_q, cu_kv, off_q, off_kv, st: _Static):
     plan = _plan(q.shape, k.shape, v.shape, q.dtype, cu_q.shape[0] - 1, st)
     ws_type = jax.ShapeDtypeStruct((plan.workspace_size(_C.BACKWARD),), jnp.uint8)
     grad_types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    call = jax.ffi.ffi_call(
-        "raggedattn_bwd", grad_types + (ws_type,), input_output_aliases={10: 0, 11: 1, 12: 2}
-    )
+    call = jax.ffi.ffi_call("raggedattn_bwd", grad_types + (ws_type,))
     dq, dk, dv, _ = call(
-        q, k, v, o, lse, d_o.astype(q.dtype), cu_q, cu_kv, off_q, off_kv,
-        *(jnp.zeros(t.shape, t.dtype) for t in grad_types),
-        **_ffi_attributes(st),
+        q, k, v, o, lse, d_o.astype(q.dtype), cu_q, cu_kv, off_q, off_kv, **_ffi_attributes(st)
     )
     return dq, dk, dv
 

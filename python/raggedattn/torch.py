@@ -205,6 +205,8 @@ def _plan(q, k, v, o_strides, d_o_strides, q_strides, k_strides, v_strides, cu_q
     p.dk_strides = _contiguous_strides(k.shape[1], k.shape[2])
     p.dv_strides = _contiguous_strides(v.shape[1], v.shape[2])
     opts.fill(p, _C)
+    # Outputs are allocated uninitialized: the library writes zeros in their padding rows.
+    p.zero_padding = 1
     if q.device.type == "cuda":
         p.backend = _C.BACKEND_CUDA
         return _C.get_plan(p, q.device.index if q.device.index is not None else -1)
@@ -268,9 +270,9 @@ def _fwd(
     # The backward's plan is this one when dO arrives contiguous, as it usually does.
     plan = _plan(q, k, v, contiguous_o, contiguous_o, q_strides, k_strides, v_strides,
                  cu_seqlens_q, seq_offsets_q is not None, max_seqlen_q, max_seqlen_kv, opts)
-    # Zeros: rows outside every segment (padding) are not written by the library.
-    o = torch.zeros((total_q, hq, dv), dtype=q.dtype, device=q.device)
-    lse = torch.zeros((hq, total_q), dtype=torch.float32, device=q.device)
+    # Uninitialized: the plan's zero_padding mode writes the rows outside every segment.
+    o = torch.empty((total_q, hq, dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
     guard, stream = _on_device(q)
     with guard:
         workspace, nbytes = _workspace(plan, _C.FORWARD, q.device)
@@ -327,10 +329,11 @@ def _bwd(
     lse = lse.contiguous()
     plan = _plan(q, k, v, o_strides, d_o_strides, q_strides, k_strides, v_strides, cu_seqlens_q,
                  seq_offsets_q is not None, max_seqlen_q, max_seqlen_kv, opts)
-    # Zeros: padding rows are not written, and belong to no segment's gradient.
-    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.zeros(k.shape, dtype=q.dtype, device=q.device)
-    dv = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+    # Uninitialized: the zero_padding mode writes zeros in the padding rows, which belong to no
+    # segment's gradient.
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     guard, stream = _on_device(q)
     with guard:
         workspace, nbytes = _workspace(plan, _C.BACKWARD, q.device)

@@ -94,7 +94,8 @@ NB_MODULE(_C, m) {
       .def_rw("softcap", &rattn_problem::softcap)
       .def_rw("window_left", &rattn_problem::window_left)
       .def_rw("window_right", &rattn_problem::window_right)
-      .def_rw("deterministic", &rattn_problem::deterministic);
+      .def_rw("deterministic", &rattn_problem::deterministic)
+      .def_rw("zero_padding", &rattn_problem::zero_padding);
   // Enum fields as plain ints: the values are the module's constants above.
 #define RATTN_ENUM_FIELD(field, type)                              \
   problem.def_prop_rw(                                             \

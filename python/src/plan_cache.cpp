@@ -53,7 +53,7 @@ namespace {
 
 // Every field of the problem, and the device, as integers: rattn_problem has padding bytes, so
 // its raw bytes are no key.
-constexpr size_t kKeyFields = 37;
+constexpr size_t kKeyFields = 38;
 using Key = std::array<int64_t, kKeyFields>;
 
 int64_t float_bits(float f) {
@@ -100,6 +100,7 @@ Key make_key(const rattn_problem& p, int device) {
              int64_t(p.dq_accum),
              p.deterministic,
              int64_t(p.backend),
+             p.zero_padding,
              cpu ? -1 : device};
 }
 

@@ -3,8 +3,8 @@
 // jax.ffi.ffi_call with the options as attributes; the workspace is one more result buffer, sized
 // at trace time from the same cached plan (plan_cache.hpp) the handler runs here.
 //
-// Outputs arrive aliased to zero-filled inputs: rows that belong to no segment (padding) are left
-// untouched by the library and so read as zeros, as with the PyTorch binding.
+// Outputs arrive uninitialized: the problem's zero_padding mode writes zeros in the rows that belong
+// to no segment (padding), as with the PyTorch binding.
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
@@ -114,6 +114,7 @@ ffi::Error make_problem(rattn_backend backend, const ffi::AnyBuffer& q, const ff
   p->dq_accum = a.dq_accum_bf16 ? RATTN_DQ_ACCUM_BF16 : RATTN_DQ_ACCUM_FP32;
   p->deterministic = a.deterministic ? 1 : 0;
   p->backend = backend;
+  p->zero_padding = 1;  // jax.py's _plan sets it too: the same cached plan
   return ffi::Error::Success();
 }
 
@@ -176,7 +177,7 @@ ffi::Error backward(rattn_backend backend, int device, void* stream, ffi::AnyBuf
       plan->backward(t, workspace->untyped_data(), workspace->size_bytes(), stream));
 }
 
-// Argument lists; the zero-filled inputs the results alias come right after the real inputs.
+// Argument lists.
 template <class B>
 auto fwd_args(B binding) {
   return std::move(binding)
@@ -187,8 +188,6 @@ auto fwd_args(B binding) {
       .template Arg<ffi::AnyBuffer>()  // cu_seqlens_kv
       .template Arg<ffi::AnyBuffer>()  // seq_offsets_q (ignored unless has_seq_offsets)
       .template Arg<ffi::AnyBuffer>()  // seq_offsets_kv
-      .template Arg<ffi::AnyBuffer>()  // zeros aliased by o
-      .template Arg<ffi::AnyBuffer>()  // zeros aliased by lse
       .template Ret<ffi::AnyBuffer>()  // o
       .template Ret<ffi::AnyBuffer>()  // lse
       .template Ret<ffi::AnyBuffer>()  // workspace (uint8)
@@ -208,9 +207,6 @@ auto bwd_args(B binding) {
       .template Arg<ffi::AnyBuffer>()  // cu_seqlens_kv
       .template Arg<ffi::AnyBuffer>()  // seq_offsets_q
       .template Arg<ffi::AnyBuffer>()  // seq_offsets_kv
-      .template Arg<ffi::AnyBuffer>()  // zeros aliased by dq
-      .template Arg<ffi::AnyBuffer>()  // zeros aliased by dk
-      .template Arg<ffi::AnyBuffer>()  // zeros aliased by dv
       .template Ret<ffi::AnyBuffer>()  // dq
       .template Ret<ffi::AnyBuffer>()  // dk
       .template Ret<ffi::AnyBuffer>()  // dv
@@ -223,8 +219,8 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 
 XLA_FFI_DEFINE_HANDLER(
     kFwdCpu,
-    [](Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv, Buf, Buf, Out o, Out lse,
-       Out ws, AttnAttrs a) {
+    [](Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv, Out o, Out lse, Out ws,
+       AttnAttrs a) {
       return forward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, cu_q, cu_kv, off_q, off_kv, o, lse,
                      ws, a);
     },
@@ -233,7 +229,7 @@ XLA_FFI_DEFINE_HANDLER(
 XLA_FFI_DEFINE_HANDLER(
     kFwdCuda,
     [](void* stream, int32_t device, Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q,
-       Buf off_kv, Buf, Buf, Out o, Out lse, Out ws, AttnAttrs a) {
+       Buf off_kv, Out o, Out lse, Out ws, AttnAttrs a) {
       return forward(RATTN_BACKEND_CUDA, device, stream, q, k, v, cu_q, cu_kv, off_q, off_kv, o,
                      lse, ws, a);
     },
@@ -243,7 +239,7 @@ XLA_FFI_DEFINE_HANDLER(
 XLA_FFI_DEFINE_HANDLER(
     kBwdCpu,
     [](Buf q, Buf k, Buf v, Buf o, Buf lse, Buf d_o, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv,
-       Buf, Buf, Buf, Out dq, Out dk, Out dv, Out ws, AttnAttrs a) {
+       Out dq, Out dk, Out dv, Out ws, AttnAttrs a) {
       return backward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, o, lse, d_o, cu_q, cu_kv, off_q,
                       off_kv, dq, dk, dv, ws, a);
     },
@@ -252,8 +248,7 @@ XLA_FFI_DEFINE_HANDLER(
 XLA_FFI_DEFINE_HANDLER(
     kBwdCuda,
     [](void* stream, int32_t device, Buf q, Buf k, Buf v, Buf o, Buf lse, Buf d_o, Buf cu_q,
-       Buf cu_kv, Buf off_q, Buf off_kv, Buf, Buf, Buf, Out dq, Out dk, Out dv, Out ws,
-       AttnAttrs a) {
+       Buf cu_kv, Buf off_q, Buf off_kv, Out dq, Out dk, Out dv, Out ws, AttnAttrs a) {
       return backward(RATTN_BACKEND_CUDA, device, stream, q, k, v, o, lse, d_o, cu_q, cu_kv, off_q,
                       off_kv, dq, dk, dv, ws, a);
     },

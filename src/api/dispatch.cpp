@@ -8,15 +8,6 @@
 #include "reference/reference.hpp"
 
 namespace raggedattn {
-#ifndef RATTN_WITH_CUDA
-namespace {
-
-Status no_cuda_build(const char* where) {
-  return not_supported(where, "the plan chose a CUDA path but this build has no CUDA backend");
-}
-
-}  // namespace
-#endif
 
 DeviceCaps query_device(int device) {
 #ifdef RATTN_WITH_CUDA
@@ -27,11 +18,32 @@ DeviceCaps query_device(int device) {
 #endif
 }
 
-Status forward(const Plan& plan, const FwdTensors& t, void* workspace, size_t workspace_bytes,
-               void* stream) {
-  if (!plan.valid()) return invalid_value("forward", "the plan is empty (make_plan failed?)");
-  const PlanData& d = plan.data();
-  RATTN_RETURN_IF_ERROR(check_fwd_call(d, t, workspace, workspace_bytes));
+namespace {
+
+#ifndef RATTN_WITH_CUDA
+Status no_cuda_build(const char* where) {
+  return not_supported(where, "the plan chose a CUDA path but this build has no CUDA backend");
+}
+#endif
+
+// The problem's zero_padding mode, after the path's kernels (the same call for every path; the
+// padding rows are disjoint from every row a path writes).
+template <class Tensors>
+Status zero_padding(const PlanData& d, const Tensors& t, void* stream) {
+  if (!d.problem.zero_padding) return Status::Ok();
+  if (d.path == Path::Cpu) {
+    reference::zero_padding(d, t);
+    return Status::Ok();
+  }
+#ifdef RATTN_WITH_CUDA
+  return cuda::zero_padding(d, t, stream);
+#else
+  (void)stream;
+  return no_cuda_build("zero_padding");
+#endif
+}
+
+Status run_forward(const PlanData& d, const FwdTensors& t, void* workspace, void* stream) {
   switch (d.path) {
     case Path::Cpu:
       reference::forward(d, t);
@@ -54,11 +66,7 @@ Status forward(const Plan& plan, const FwdTensors& t, void* workspace, size_t wo
   return not_supported("forward", "path ", path_name(d.path), " is not available in this build");
 }
 
-Status backward(const Plan& plan, const BwdTensors& t, void* workspace, size_t workspace_bytes,
-                void* stream) {
-  if (!plan.valid()) return invalid_value("backward", "the plan is empty (make_plan failed?)");
-  const PlanData& d = plan.data();
-  RATTN_RETURN_IF_ERROR(check_bwd_call(d, t, workspace, workspace_bytes));
+Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
   switch (d.path) {
     case Path::Cpu:
       reference::backward(d, t);
@@ -79,6 +87,26 @@ Status backward(const Plan& plan, const BwdTensors& t, void* workspace, size_t w
 #endif
   }
   return not_supported("backward", "path ", path_name(d.path), " is not available in this build");
+}
+
+}  // namespace
+
+Status forward(const Plan& plan, const FwdTensors& t, void* workspace, size_t workspace_bytes,
+               void* stream) {
+  if (!plan.valid()) return invalid_value("forward", "the plan is empty (make_plan failed?)");
+  const PlanData& d = plan.data();
+  RATTN_RETURN_IF_ERROR(check_fwd_call(d, t, workspace, workspace_bytes));
+  RATTN_RETURN_IF_ERROR(run_forward(d, t, workspace, stream));
+  return zero_padding(d, t, stream);
+}
+
+Status backward(const Plan& plan, const BwdTensors& t, void* workspace, size_t workspace_bytes,
+                void* stream) {
+  if (!plan.valid()) return invalid_value("backward", "the plan is empty (make_plan failed?)");
+  const PlanData& d = plan.data();
+  RATTN_RETURN_IF_ERROR(check_bwd_call(d, t, workspace, workspace_bytes));
+  RATTN_RETURN_IF_ERROR(run_backward(d, t, workspace, stream));
+  return zero_padding(d, t, stream);
 }
 
 Status check_segments(const Plan& plan, const int32_t* cu_q, const int32_t* cu_kv,

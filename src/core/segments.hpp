@@ -36,6 +36,27 @@ struct SegmentArrays {
   }
 };
 
+// Whether tensor row `row` of one side (cu: cu_seqlens_q or _kv, offsets: seq_offsets_q or _kv or
+// nullptr) lies inside a segment; every other row is padding, which only the zero_padding mode
+// writes. Packed: rows [cu[0], cu[batch]). Padded: the offsets increase and the segments are
+// disjoint (validation's rule), so the one candidate is the last segment starting at or before it.
+RATTN_HD bool row_in_segment(const int32_t* cu, const int32_t* offsets, int32_t batch,
+                             int64_t row) {
+  if (batch <= 0) return false;
+  if (offsets == nullptr) return row >= cu[0] && row < cu[batch];
+  if (row < offsets[0]) return false;
+  int lo = 0, hi = batch - 1;  // the largest b with offsets[b] <= row lies in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return row < int64_t(offsets[lo]) + (cu[lo + 1] - cu[lo]);
+}
+
 // Element offset of (row, head, 0) in a [rows, heads, dim] tensor with a contiguous last dim.
 // 64-bit throughout: tensors of more than 2^31 elements are normal in packed training batches.
 struct TensorLayout {

@@ -14,6 +14,11 @@ Status portable_backward(const PlanData& plan, const BwdTensors& t, void* worksp
 Status sm90_forward(const PlanData& plan, const FwdTensors& t, void* workspace, void* stream);
 Status sm90_backward(const PlanData& plan, const BwdTensors& t, void* workspace, void* stream);
 
+// The zero_padding mode (padding.cu): zeros in the direction's output rows outside every segment,
+// on `stream`, after the path's kernels; both CUDA paths.
+Status zero_padding(const PlanData& plan, const FwdTensors& t, void* stream);
+Status zero_padding(const PlanData& plan, const BwdTensors& t, void* stream);
+
 // Copies `count` int32 values from device memory (synchronizing `stream`), for the debug check.
 Status copy_to_host(const int32_t* device_ptr, int64_t count, int32_t* host, void* stream);
 

@@ -347,6 +347,7 @@ Problem default_problem() {
   p.dq_accum = RATTN_DQ_ACCUM_FP32;
   p.deterministic = 0;
   p.backend = RATTN_BACKEND_AUTO;
+  p.zero_padding = 0;
   return p;
 }
 
@@ -422,6 +423,7 @@ std::string Plan::describe() const {
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),
         p.deterministic ? " deterministic" : "");
   }
+  if (p.zero_padding) s += " zero_padding";
   return s;
 }
 

@@ -107,6 +107,10 @@ Status resolve_problem(const Problem& in, Problem* out) {
   if (p.dq_accum != RATTN_DQ_ACCUM_FP32 && p.dq_accum != RATTN_DQ_ACCUM_BF16) {
     return invalid_value(w, "dq_accum=", int(p.dq_accum), "; supported: fp32 (0), bf16 (1)");
   }
+  if (p.zero_padding != 0 && p.zero_padding != 1) {
+    return invalid_value(w, "zero_padding=", p.zero_padding,
+                         "; supported: 0 (padding rows untouched), 1 (padding rows zeroed)");
+  }
   if (p.backend < RATTN_BACKEND_AUTO || p.backend > RATTN_BACKEND_CUDA_SM90) {
     return invalid_value(w, "backend=", int(p.backend),
                          "; supported: auto, cpu, cuda, cuda_portable, cuda_sm90");

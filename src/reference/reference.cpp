@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <thread>
 #include <vector>
 
+#include "common/dtype.hpp"
 #include "common/half.hpp"
 
 namespace raggedattn {
@@ -279,6 +281,45 @@ void backward(const PlanData& plan, const BwdTensors& t, const Options& opt) {
       for (int d = 0; d < dv; ++d) store_elem(t.dv, vrow + d, p.dtype, float(dvacc[x * dv + d]));
     }
   });
+}
+
+namespace {
+
+// Zeros in the padding rows of one [rows, heads, dim] tensor of `eb`-byte elements.
+void zero_rows(void* base, const rattn_strides& st, int64_t rows, int heads, int dim, int eb,
+               const int32_t* cu, const int32_t* offsets, int32_t batch) {
+  auto* bytes = static_cast<unsigned char*>(base);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (row_in_segment(cu, offsets, batch, r)) continue;
+    for (int h = 0; h < heads; ++h) {
+      std::memset(bytes + (r * st.token + int64_t(h) * st.head) * eb, 0, size_t(dim) * eb);
+    }
+  }
+}
+
+}  // namespace
+
+void zero_padding(const PlanData& plan, const FwdTensors& t) {
+  const Problem& p = plan.problem;
+  const int eb = dtype_bytes(p.dtype);
+  zero_rows(t.o, p.o, p.total_q, p.num_heads_q, p.head_dim_v, eb, t.cu_seqlens_q,
+            t.seq_offsets_q, p.batch);
+  const RowStatLayout stats{p.total_q};
+  for (int64_t r = 0; r < p.total_q; ++r) {
+    if (row_in_segment(t.cu_seqlens_q, t.seq_offsets_q, p.batch, r)) continue;
+    for (int h = 0; h < p.num_heads_q; ++h) t.lse[stats.offset(h, r)] = 0.f;
+  }
+}
+
+void zero_padding(const PlanData& plan, const BwdTensors& t) {
+  const Problem& p = plan.problem;
+  const int eb = dtype_bytes(p.dtype);
+  zero_rows(t.dq, p.dq, p.total_q, p.num_heads_q, p.head_dim_qk, eb, t.cu_seqlens_q,
+            t.seq_offsets_q, p.batch);
+  zero_rows(t.dk, p.dk, p.total_kv, p.num_heads_kv, p.head_dim_qk, eb, t.cu_seqlens_kv,
+            t.seq_offsets_kv, p.batch);
+  zero_rows(t.dv, p.dv, p.total_kv, p.num_heads_kv, p.head_dim_v, eb, t.cu_seqlens_kv,
+            t.seq_offsets_kv, p.batch);
 }
 
 }  // namespace reference

@@ -19,5 +19,10 @@ struct Options {
 void forward(const PlanData& plan, const FwdTensors& t, const Options& opt = {});
 void backward(const PlanData& plan, const BwdTensors& t, const Options& opt = {});
 
+// The zero_padding mode on host tensors: zeros in every row outside the segments (row_in_segment)
+// of the direction's outputs (forward: O and LSE's columns; backward: dQ, dK, dV).
+void zero_padding(const PlanData& plan, const FwdTensors& t);
+void zero_padding(const PlanData& plan, const BwdTensors& t);
+
 }  // namespace reference
 }  // namespace raggedattn

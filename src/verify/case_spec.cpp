@@ -74,6 +74,23 @@ std::vector<CaseSpec> named_suite(int32_t hq, int32_t hkv) {
     s.push_back(c);
   }
   {
+    // The zero_padding mode (the Python bindings' outputs are allocated uninitialized): padded
+    // THD's gaps, and rows past the last segment, come out zero.
+    CaseSpec c = causal("padded_zeroed", {100, 80, 76}, hq, hkv);
+    c.padded = true;
+    c.nan_padding = true;
+    c.trailing_rows = 9;
+    c.zero_padding = true;
+    s.push_back(c);
+  }
+  {
+    // A packed layout with rows past the last segment (total rows > cu_seqlens[batch]), zeroed.
+    CaseSpec c = causal("packed_tail_zeroed", {70, 1, 33}, hq, hkv);
+    c.trailing_rows = 45;
+    c.zero_padding = true;
+    s.push_back(c);
+  }
+  {
     // GQA with a group that is not a power of two (three query heads per KV head), padded THD,
     // short causal segments at D = 64: the shape of the JAX tests' padded_causal_gqa case, which
     // the random suites (eight query heads) never drew.
@@ -201,6 +218,9 @@ CaseSpec random_case(uint64_t seed, const RandomLimits& lim) {
   if (r.chance(0.25)) c.softcap = float(r.range(1, 30));
   c.padded = r.chance(0.3);
   c.nan_padding = c.padded && r.chance(0.5);
+  // Drawn last, so that a seed's earlier draws (its segments, shapes, masks) stay what they were.
+  c.zero_padding = r.chance(0.25);
+  if (c.zero_padding && r.chance(0.5)) c.trailing_rows = int32_t(r.range(1, 40));
   return c;
 }
 

@@ -34,6 +34,12 @@ struct CaseSpec {
   // anything, and a kernel that reads one into a result (even multiplied by a zero probability)
   // turns that result into NaN.
   bool nan_padding = false;
+  // Rows past the last segment (both sides, after padded THD's last gap): padding in a packed
+  // layout too, where the problem's total rows exceed cu_seqlens[batch].
+  int32_t trailing_rows = 0;
+  // The problem's zero_padding mode: the padding rows of every output must come out zero instead
+  // of keeping their sentinel.
+  bool zero_padding = false;
   rattn_dq_accum dq_accum = RATTN_DQ_ACCUM_FP32;
   bool deterministic = false;
   rattn_backend backend = RATTN_BACKEND_AUTO;

@@ -128,6 +128,8 @@ PackLayout make_layout(const CaseSpec& spec, uint64_t seed) {
     l.off_q[size_t(batch)] = int32_t(row_q);
     l.off_kv[size_t(batch)] = int32_t(row_kv);
   }
+  row_q += spec.trailing_rows;
+  row_kv += spec.trailing_rows;
   l.total_q = row_q;
   l.total_kv = row_kv;
   l.q_padding.assign(size_t(l.total_q), 1);
@@ -160,6 +162,7 @@ Problem make_problem(const CaseSpec& spec, const PackLayout& l) {
   p.dq_accum = spec.dq_accum;
   p.deterministic = spec.deterministic ? 1 : 0;
   p.backend = spec.backend;
+  p.zero_padding = spec.zero_padding ? 1 : 0;
   return p;
 }
 
@@ -215,7 +218,8 @@ void poison_outputs(const PackLayout& l, HostOutputs* out) {
   }
 }
 
-int64_t changed_padding(const HostTensor& t, const std::vector<uint8_t>& padding_rows) {
+int64_t changed_padding(const HostTensor& t, const std::vector<uint8_t>& padding_rows,
+                        uint8_t expected) {
   const int eb = elem_bytes(t.dtype);
   const auto* base = static_cast<const uint8_t*>(t.data());
   int64_t changed = 0;
@@ -225,7 +229,7 @@ int64_t changed_padding(const HostTensor& t, const std::vector<uint8_t>& padding
       const uint8_t* e = base + (r * t.token_stride + h * t.head_stride) * eb;
       for (int32_t d = 0; d < t.dim; ++d, e += eb) {
         for (int k = 0; k < eb; ++k) {
-          if (e[k] != kPaddingByte) {
+          if (e[k] != expected) {
             ++changed;
             break;
           }

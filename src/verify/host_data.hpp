@@ -130,8 +130,10 @@ HostOutputs make_outputs(const CaseSpec& spec, const PackLayout& layout, rattn_d
 // Re-applies the poison and padding patterns of make_outputs to existing tensors.
 void poison_outputs(const PackLayout& layout, HostOutputs* out);
 
-// Number of elements of padding rows that no longer hold kPaddingByte.
-int64_t changed_padding(const HostTensor& t, const std::vector<uint8_t>& padding_rows);
+// Elements of padding rows holding any byte other than `expected` (kPaddingByte: the sentinel
+// poison_outputs wrote; 0: the zero_padding mode's zeros).
+int64_t changed_padding(const HostTensor& t, const std::vector<uint8_t>& padding_rows,
+                        uint8_t expected = kPaddingByte);
 
 }  // namespace verify
 }  // namespace raggedattn

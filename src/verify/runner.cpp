@@ -328,10 +328,13 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
     return r;
   }
 
-  r.padding_changed = {
-      changed_padding(test.o, layout.q_padding), changed_padding(test.lse, layout.q_padding),
-      changed_padding(test.dq, layout.q_padding), changed_padding(test.dk, layout.kv_padding),
-      changed_padding(test.dv, layout.kv_padding)};
+  // Padding rows keep the sentinel, or hold zeros in the zero_padding mode.
+  const uint8_t pad = spec.zero_padding ? uint8_t(0) : kPaddingByte;
+  r.padding_changed = {changed_padding(test.o, layout.q_padding, pad),
+                       changed_padding(test.lse, layout.q_padding, pad),
+                       changed_padding(test.dq, layout.q_padding, pad),
+                       changed_padding(test.dk, layout.kv_padding, pad),
+                       changed_padding(test.dv, layout.kv_padding, pad)};
   const bool padding_ok =
       std::all_of(r.padding_changed.begin(), r.padding_changed.end(), [](int64_t n) { return !n; });
 

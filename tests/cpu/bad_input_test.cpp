@@ -185,6 +185,11 @@ TEST(BadInputs, NegativeOrNonFiniteSoftmaxScale) {
   EXPECT_FLOAT_EQ(plan.problem().softmax_scale, 0.3f);
 }
 
+TEST(BadInputs, ZeroPaddingNotABoolean) {
+  expect_rejected(plan_with([](Problem* p) { p->zero_padding = 2; }), RATTN_ERROR_INVALID_VALUE,
+                  {"zero_padding=2", "0 (padding rows untouched), 1 (padding rows zeroed)"});
+}
+
 TEST(BadInputs, CausalWithWindowRight) {
   expect_rejected(plan_with([](Problem* p) { p->window_right = 3; }), RATTN_ERROR_INVALID_VALUE,
                   {"causal", "window_right=3"});

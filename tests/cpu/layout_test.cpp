@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dq_accum_layout.hpp"
+#include "core/segments.hpp"
 #include "core/tile_map.hpp"
 #include "plan/plan_data.hpp"
 #include "test_util.hpp"
@@ -490,6 +491,42 @@ TEST(EvenShare, RangesCoverEveryItemOnceInOrder) {
         next = r.end;
       }
       EXPECT_EQ(next, n);
+    }
+  }
+}
+
+// row_in_segment (the zero_padding mode's one membership test, on the host and in padding.cu)
+// against rows marked segment by segment, packed and padded, with empty segments, gaps of zero
+// rows and rows before the first and past the last segment.
+TEST(RowInSegment, AgreesWithTheMarkedRows) {
+  for (int list = 0; list < kLists; ++list) {
+    const std::vector<int32_t> lens = random_lengths(9000 + list);
+    const std::vector<int32_t> cu = prefix_sums(lens);
+    const int32_t batch = int32_t(lens.size());
+    verify::Rng r(77 + list);
+    for (const bool padded : {false, true}) {
+      std::vector<int32_t> off(lens.size() + 1, 0);
+      int64_t row = padded ? r.range(0, 3) : 0;
+      std::vector<uint8_t> inside;
+      inside.assign(size_t(row), 0);
+      for (int32_t b = 0; b < batch; ++b) {
+        off[size_t(b)] = int32_t(row);
+        inside.insert(inside.end(), size_t(lens[size_t(b)]), 1);
+        row += lens[size_t(b)];
+        if (padded) {
+          const int64_t gap = r.chance(0.4) ? 0 : r.range(1, 5);
+          inside.insert(inside.end(), size_t(gap), 0);
+          row += gap;
+        }
+      }
+      const int64_t tail = r.range(0, 6);
+      inside.insert(inside.end(), size_t(tail), 0);
+      SCOPED_TRACE(::testing::Message() << "list " << list << (padded ? " padded" : " packed"));
+      for (int64_t t = 0; t < int64_t(inside.size()); ++t) {
+        ASSERT_EQ(row_in_segment(cu.data(), padded ? off.data() : nullptr, batch, t),
+                  inside[size_t(t)] != 0)
+            << "row " << t;
+      }
     }
   }
 }

@@ -74,7 +74,8 @@ TEST(NamedSuite, CoversTheIssue) {
        {"gqa_causal_256", "gqa_causal_100_80_76", "gqa_causal_128x2", "gqa_causal_64x4",
         "gqa_causal_200_56", "gqa_causal_103_77_61", "pack_2044", "mqa", "d192_dv128", "d64",
         "d256", "cross_bottom_right", "zero_length", "padded_thd", "gqa3_padded_d64",
-        "sliding_window", "non_causal", "softcap", "many_docs"}) {
+        "sliding_window", "non_causal", "softcap", "many_docs", "padded_zeroed",
+        "packed_tail_zeroed"}) {
     ASSERT_NE(find(n), nullptr) << n;
   }
   int total = 0;
@@ -86,6 +87,13 @@ TEST(NamedSuite, CoversTheIssue) {
   EXPECT_EQ(find("gqa_causal_256")->hq, 32);
   EXPECT_EQ(find("gqa_causal_256")->hkv, 8);
   EXPECT_TRUE(find("padded_thd")->padded);
+  EXPECT_FALSE(find("padded_thd")->zero_padding);
+  // The bindings' mode on both kinds of padding: padded THD's gaps and a packed layout's tail.
+  EXPECT_TRUE(find("padded_zeroed")->padded && find("padded_zeroed")->zero_padding);
+  EXPECT_GT(find("padded_zeroed")->trailing_rows, 0);
+  EXPECT_FALSE(find("packed_tail_zeroed")->padded);
+  EXPECT_TRUE(find("packed_tail_zeroed")->zero_padding);
+  EXPECT_GT(find("packed_tail_zeroed")->trailing_rows, 0);
   EXPECT_EQ(find("gqa3_padded_d64")->hq, 3 * find("gqa3_padded_d64")->hkv);
   EXPECT_TRUE(find("gqa3_padded_d64")->padded);
   EXPECT_EQ(find("cross_bottom_right")->alignment, RATTN_ALIGN_BOTTOM_RIGHT);
