@@ -82,7 +82,7 @@ void plan_bwd_workspace(PlanData* d) {
     ws.schedule = take(&cursor, size_t(d->bwd.tiles) * d->bwd.inner_heads * sizeof(HeadTile));
     ws.interleave_rows = sm90::bwd_interleave_rows(d->caps.l2_bytes, p.num_heads_q, p.head_dim_qk,
                                                    p.head_dim_v, int(ws.dq_accum.elem_bytes()));
-    if (sm90::bwd_dq_claimed(!d->bwd.dq_staged, p.deterministic != 0)) {
+    if (sm90::bwd_dq_claimed(p.head_dim_qk, !d->bwd.dq_staged, p.deterministic != 0)) {
       // Cleared in 16-byte words, as the scratch would be.
       ws.dq_claims = take(&cursor, size_t(round_up(ws.dq_accum.tiles() * 4, 16)));
     }

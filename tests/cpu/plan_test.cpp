@@ -633,7 +633,8 @@ void expect_consistent_workspace(const Plan& plan) {
   // outside deterministic mode (sm90::bwd_dq_claimed); the scratch is then never zeroed. No other
   // path has claims.
   const bool claimed = d.bwd.family == KernelFamily::Wgmma &&
-                       sm90::bwd_dq_claimed(!d.bwd.dq_staged, d.problem.deterministic != 0);
+                       sm90::bwd_dq_claimed(d.problem.head_dim_qk, !d.bwd.dq_staged,
+                                             d.problem.deterministic != 0);
   EXPECT_EQ(ws.dq_claims.bytes,
             claimed ? size_t((ws.dq_accum.tiles() * 4 + 15) / 16 * 16) : size_t(0));
   EXPECT_EQ(plan.describe().find("claimed") != std::string::npos, claimed);

@@ -95,7 +95,7 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
   // Warp 1 claims the dQ tiles exactly where the Plan reserved the claims and dot(dO, O) cleared
   // them instead of the scratch (sm90::bwd_dq_claimed): a kernel that added without claiming would
   // add into an uncleared scratch, and dq_convert would take its tiles for unwritten.
-  const bool claimed = sm90::bwd_dq_claimed(dq_regs, pr.deterministic != 0);
+  const bool claimed = sm90::bwd_dq_claimed(pr.head_dim_qk, dq_regs, pr.deterministic != 0);
   if ((d.bwd_ws.dq_claims.bytes != 0) != claimed ||
       (claimed && d.bwd_ws.dq_claims.bytes < size_t(dq.tiles()) * sizeof(int32_t))) {
     return not_supported("backward", "the Hopper backward ", claimed ? "claims" : "does not claim",

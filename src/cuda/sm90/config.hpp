@@ -265,9 +265,14 @@ RATTN_HD constexpr bool bwd_dq_from_registers(int dqk, int dv, bool deterministi
 // H200 (docs/PERFORMANCE.md item 93, 2026-12-03; D = 128, Hq 32 / Hkv 8, backward TFLOP/s against
 // the zeroed scratch): docs_short_32k +4.0%, its 16-bit mode +1.7%, 32k tokens of 1536-token
 // documents +2.9%, the long workloads level (-1.1 to +0.6%), with each step's claim taken before
-// its tile is in (warp 1's CAS after the tile: -2.8% there and -6% on long documents).
-RATTN_HD constexpr bool bwd_dq_claimed(bool dq_regs, bool deterministic) {
-  return !dq_regs && !deterministic;
+// its tile is in (warp 1's CAS after the tile: -2.8% there and -6% on long documents). Not at
+// D = 64, whose steps are half as long: there the claims cost the backward 19% (item 115,
+// 2026-12-04: one causal 16k-token document 415 before them, 338 after; with them off at D = 64
+// only, fp32 / 16-bit dQ: 346 -> 423 / 384 -> 434 on that document, 170 -> 179 / 187 -> 196 on
+// docs_short_32k's documents). Kept at 192/128 and 256, where they gain 17% and 8% on
+// docs_short_32k's documents (at D = 256 one 16k document ran 2.4% behind the zeroed scratch).
+RATTN_HD constexpr bool bwd_dq_claimed(int dqk, bool dq_regs, bool deterministic) {
+  return dqk != 64 && !dq_regs && !deterministic;
 }
 // The longest segment (query rows) whose KV heads the backward's schedule interleaves tile by
 // tile (BwdWorkspace::schedule): one whose query side for every head, what its CTAs stream (Q and
