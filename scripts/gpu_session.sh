@@ -4,15 +4,16 @@
 #
 #   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
 #
-# STEPs: info check tests sanitize repeat profile profile_source percycle bench anchors python
-# train ab (default: info check tests sanitize bench). `repeat` runs `check` REPEAT times (10)
+# STEPs: info check tests sanitize repeat profile profile_source percycle bench anchors head_dims
+# python train ab (default: info check tests sanitize bench). `repeat` runs `check` REPEAT times (10)
 # under REPEAT_TOOL (a compute-sanitizer tool, default synccheck; `none`: no tool) with
 # REPEAT_ARGS (default `--backend cuda --heads 2/1`), writes one line per run (verdict, seed, each
 # case's worst rel/bound) to repeat_summary.txt, keeps every failing run's output, and reruns each
 # failing run's seed without the tool: a case that fails there too is its bound's, one that
 # passes there points at the tool's timing (a race).
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
-# `anchors` needs ANCHORS_DIR (the anchor scripts). `python` installs the package over BUILD_DIR's
+# `anchors` needs ANCHORS_DIR (the anchor scripts) and runs `head_dims` after the table
+# (bench/head_dims.py: every Hopper head dim on two workloads' segments, both dQ modes). `python` installs the package over BUILD_DIR's
 # library (no compiler run, no network) and runs tests/python; `train` then runs
 # examples/train_packed with every run, the corruption experiment included. `ab` needs
 # AB_LIBS="TAG=DIR ...": other builds of libraggedattn.so (a branch's, staged with
@@ -161,7 +162,11 @@ for s in $steps; do
       step bench 300 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors --out "$out" ;;
     anchors)
       step bench_anchors 900 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" \
-        --anchors "${ANCHORS_DIR:?set ANCHORS_DIR}" --out "$out" ;;
+        --anchors "${ANCHORS_DIR:?set ANCHORS_DIR}" --out "$out"
+      # Every table call times every head dim too (docs/PERFORMANCE.md item 115).
+      step head_dims 300 python3 "$(dirname "$0")/../bench/head_dims.py" --cli "$cli" --out "$out" ;;
+    head_dims)
+      step head_dims 300 python3 "$(dirname "$0")/../bench/head_dims.py" --cli "$cli" --out "$out" ;;
     python)
       step pip_install 300 python3 -m pip install --no-build-isolation --no-deps "$repo" \
         -C cmake.define.RATTN_PYTHON_PREBUILT_LIBRARY="$build/src/libraggedattn.so" \

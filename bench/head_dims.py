@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""raggedattn at every head dim the Hopper path takes, on the standard workloads' segments, so a
+change whose rule applies at every head dim is seen at every head dim (docs/PERFORMANCE.md item
+115: a loss at D = 64 stood two days in calls that timed D = 128 only).
+
+    python3 bench/head_dims.py --cli build/tools/raggedattn --out DIR
+        [--dims 64,128,192/128,256] [--workloads one_doc_16k,docs_short_32k]
+        [--dq-accum fp32,bf16] [--lib TAG=DIR ...]
+
+Each cell is one `raggedattn bench` process (Hq / Hkv and the mask of the workload, bf16, the
+anchors' regime: warm-up 50 ms, timed 200 ms, 256 MiB zeroed before each call, the median);
+TFLOP/s as the command counts them (visible pairs, 2 (Dqk + Dv) Hq FLOPs each forward, 2.5x that
+backward). --lib TAG=DIR times another build's libraggedattn.so under the same command
+(LD_LIBRARY_PATH), cell by cell after this build's. Writes head_dims.json and head_dims.md under
+--out. A timing, never a test.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from workloads import HKV, HQ, WORKLOADS  # noqa: E402
+
+
+def parse_dims(spec):
+    """'64,192/128' -> [(64, 64), (192, 128)]."""
+    dims = []
+    for item in spec.split(","):
+        dqk, _, dv = item.strip().partition("/")
+        dims.append((int(dqk), int(dv) if dv else int(dqk)))
+    return dims
+
+
+def dims_name(dqk, dv):
+    return str(dqk) if dqk == dv else f"{dqk}/{dv}"
+
+
+def bench_command(cli, lens, causal, dqk, dv, dq_accum, json_path):
+    cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
+           "--dim", str(dqk), "--dim-v", str(dv), "--dtype", "bf16", "--dq-accum", dq_accum,
+           "--warmup-ms", "50", "--min-ms", "200", "--l2-flush-mb", "256", "--repeat", "10",
+           "--json", json_path]
+    return cmd + (["--causal"] if causal else [])
+
+
+def run_cell(cli, lens, causal, dqk, dv, dq_accum, env=None):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        proc = subprocess.run(bench_command(cli, lens, causal, dqk, dv, dq_accum, out),
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0 or not os.path.exists(out):
+            return {"error": (proc.stdout + proc.stderr)[-400:]}
+        with open(out) as f:
+            res = json.load(f)
+    keep = ("fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "path", "fwd_sm_mhz", "bwd_sm_mhz")
+    return {k: res[k] for k in keep if k in res}
+
+
+def cell_text(r):
+    if r is None:
+        return ""
+    if "error" in r:
+        return "error"
+    return f"{r['fwd_tflops']:.0f} / {r['bwd_tflops']:.0f}"
+
+
+def table(results, builds):
+    """Markdown: one row per (workload, head dims), one column per (build, dQ mode)."""
+    modes = sorted({m for row in results for m in row["cells"]}, key=["fp32", "bf16"].index)
+    cols = [(b, m) for m in modes for b in builds]  # builds side by side per mode
+    head = "| workload | Dqk / Dv | " + " | ".join(
+        f"{b}, {m} dQ" for b, m in cols) + " |"
+    lines = [head, "|" + "---|" * (2 + len(cols))]
+    for row in results:
+        cells = [cell_text(row["cells"].get(m, {}).get(b)) for b, m in cols]
+        lines.append(f"| {row['workload']} | {row['dims']} | " + " | ".join(cells) + " |")
+    errors = [(row["workload"], row["dims"], m, b, r["error"]) for row in results
+              for m, by in row["cells"].items() for b, r in by.items() if "error" in r]
+    for w, d, m, b, e in errors:
+        lines.append(f"\nerror: {w} {d} {m} dQ ({b}): {e.strip().splitlines()[-1] if e.strip() else '?'}")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", default="build/tools/raggedattn")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--dims", default="64,128,192/128,256")
+    ap.add_argument("--workloads", default="one_doc_16k,docs_short_32k")
+    ap.add_argument("--dq-accum", default="fp32,bf16")
+    ap.add_argument("--lib", action="append", default=[], metavar="TAG=DIR")
+    args = ap.parse_args()
+    builds = [("main", None)]
+    for spec in args.lib:
+        tag, _, path = spec.partition("=")
+        if not os.path.isfile(os.path.join(path, "libraggedattn.so")):
+            ap.error(f"--lib {spec}: {path} holds no libraggedattn.so")
+        builds.append((tag, dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(path))))
+    results = []
+    for name in args.workloads.split(","):
+        lens, causal = WORKLOADS[name]
+        for dqk, dv in parse_dims(args.dims):
+            row = {"workload": name, "dims": dims_name(dqk, dv), "cells": {}}
+            for mode in args.dq_accum.split(","):
+                by = row["cells"].setdefault(mode, {})
+                for tag, env in builds:
+                    by[tag] = run_cell(args.cli, lens, causal, dqk, dv, mode, env)
+                    print(name, row["dims"], mode, tag, cell_text(by[tag]), flush=True)
+            results.append(row)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "head_dims.json"), "w") as f:
+        json.dump({"hq": HQ, "hkv": HKV, "results": results}, f, indent=1)
+    md = (f"raggedattn at each head dim, bf16, Hq={HQ}, Hkv={HKV}; TFLOP/s fwd / bwd, the "
+          "anchors' regime.\n\n" + table(results, [t for t, _ in builds]))
+    with open(os.path.join(args.out, "head_dims.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
