@@ -7,22 +7,21 @@ change whose rule applies at every head dim is seen at every head dim (docs/PERF
         [--dims 64,128,192/128,256] [--workloads one_doc_16k,docs_short_32k]
         [--dq-accum fp32,bf16] [--lib TAG=DIR ...]
 
-Each cell is one `raggedattn bench` process (Hq / Hkv and the mask of the workload, bf16, the
-anchors' regime: warm-up 50 ms, timed 200 ms, 256 MiB zeroed before each call, the median);
-TFLOP/s as the command counts them (visible pairs, 2 (Dqk + Dv) Hq FLOPs each forward, 2.5x that
-backward). --lib TAG=DIR times another build's libraggedattn.so under the same command
-(LD_LIBRARY_PATH), cell by cell after this build's. Writes head_dims.json and head_dims.md under
---out. A timing, never a test.
+Each cell is one `raggedattn bench` process through bench/run.py's run_ours (Hq / Hkv and the
+mask of the workload, bf16, run.py's timing options: the anchors' regime by default); TFLOP/s as
+the command counts them (visible pairs, 2 (Dqk + Dv) Hq FLOPs each forward, 2.5x that backward).
+--lib TAG=DIR times another build's libraggedattn.so under the same command (run.py's
+lib_builds), cell by cell after this build's. Writes head_dims.json and head_dims.md under --out.
+A timing, never a test.
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from run import add_timing_args, lib_builds, regime_str, run_ours, timing_kwargs  # noqa: E402
 from workloads import HKV, HQ, WORKLOADS  # noqa: E402
 
 
@@ -37,27 +36,6 @@ def parse_dims(spec):
 
 def dims_name(dqk, dv):
     return str(dqk) if dqk == dv else f"{dqk}/{dv}"
-
-
-def bench_command(cli, lens, causal, dqk, dv, dq_accum, json_path):
-    cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
-           "--dim", str(dqk), "--dim-v", str(dv), "--dtype", "bf16", "--dq-accum", dq_accum,
-           "--warmup-ms", "50", "--min-ms", "200", "--l2-flush-mb", "256", "--repeat", "10",
-           "--json", json_path]
-    return cmd + (["--causal"] if causal else [])
-
-
-def run_cell(cli, lens, causal, dqk, dv, dq_accum, env=None):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "bench.json")
-        proc = subprocess.run(bench_command(cli, lens, causal, dqk, dv, dq_accum, out),
-                              capture_output=True, text=True, env=env)
-        if proc.returncode != 0 or not os.path.exists(out):
-            return {"error": (proc.stdout + proc.stderr)[-400:]}
-        with open(out) as f:
-            res = json.load(f)
-    keep = ("fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "path", "fwd_sm_mhz", "bwd_sm_mhz")
-    return {k: res[k] for k in keep if k in res}
 
 
 def cell_text(r):
@@ -93,13 +71,9 @@ def main():
     ap.add_argument("--workloads", default="one_doc_16k,docs_short_32k")
     ap.add_argument("--dq-accum", default="fp32,bf16")
     ap.add_argument("--lib", action="append", default=[], metavar="TAG=DIR")
+    add_timing_args(ap)  # the anchors' regime by default, as bench/run.py
     args = ap.parse_args()
-    builds = [("main", None)]
-    for spec in args.lib:
-        tag, _, path = spec.partition("=")
-        if not os.path.isfile(os.path.join(path, "libraggedattn.so")):
-            ap.error(f"--lib {spec}: {path} holds no libraggedattn.so")
-        builds.append((tag, dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(path))))
+    builds = [(tag or "main", env) for tag, env in lib_builds(ap, args.lib)]
     results = []
     for name in args.workloads.split(","):
         lens, causal = WORKLOADS[name]
@@ -108,14 +82,15 @@ def main():
             for mode in args.dq_accum.split(","):
                 by = row["cells"].setdefault(mode, {})
                 for tag, env in builds:
-                    by[tag] = run_cell(args.cli, lens, causal, dqk, dv, mode, env)
+                    by[tag] = run_ours(args.cli, lens, causal, ["--dq-accum", mode],
+                                       args.repeat, env, dims=(dqk, dv), **timing_kwargs(args))
                     print(name, row["dims"], mode, tag, cell_text(by[tag]), flush=True)
             results.append(row)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "head_dims.json"), "w") as f:
-        json.dump({"hq": HQ, "hkv": HKV, "results": results}, f, indent=1)
-    md = (f"raggedattn at each head dim, bf16, Hq={HQ}, Hkv={HKV}; TFLOP/s fwd / bwd, the "
-          "anchors' regime.\n\n" + table(results, [t for t, _ in builds]))
+        json.dump({"hq": HQ, "hkv": HKV, "regime": regime_str(args), "results": results}, f, indent=1)
+    md = (f"raggedattn at each head dim, bf16, Hq={HQ}, Hkv={HKV}; TFLOP/s fwd / bwd; timed: "
+          f"{regime_str(args)}.\n\n" + table(results, [t for t, _ in builds]))
     with open(os.path.join(args.out, "head_dims.md"), "w") as f:
         f.write(md)
     print(md)

@@ -50,39 +50,69 @@ GPU_KEYS = ("fwd_sm_mhz", "bwd_sm_mhz", "fwd_watts", "bwd_watts", "fwd_throttled
             "bwd_throttled", "fwd_pj_per_flop", "bwd_pj_per_flop")
 
 
+def bench_command(cli, lens, causal, variant_args, repeat, json_path, pause_ms=0, warmup_ms=0,
+                  min_ms=0, l2_flush_mb=0, dims=(D, D)):
+    """The `raggedattn bench` command of one process (run_ours's arguments; dims: (Dqk, Dv))."""
+    dqk, dv = dims
+    cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
+           "--dim", str(dqk), "--dtype", "bf16", "--repeat", str(repeat), "--json", json_path]
+    cmd += ["--dim-v", str(dv)] if dv != dqk else []
+    cmd += ["--causal"] if causal else []
+    cmd += ["--pause-ms", str(pause_ms)] if pause_ms else []
+    cmd += ["--warmup-ms", str(warmup_ms)] if warmup_ms else []
+    cmd += ["--min-ms", str(min_ms)] if min_ms else []
+    cmd += ["--l2-flush-mb", str(l2_flush_mb)] if l2_flush_mb else []
+    return cmd + list(variant_args)
+
+
 def run_ours(cli, lens, causal, variant_args, repeat, env=None, pause_ms=0, warmup_ms=0,
-             min_ms=0, l2_flush_mb=0):
+             min_ms=0, l2_flush_mb=0, dims=(D, D)):
     """One process of `raggedattn bench`: its times and rates, and the GPU's clock and power while
     each direction ran (GPU_KEYS). pause_ms: idle time before each direction's warm-up;
     warmup_ms, min_ms, l2_flush_mb: do_bench's regime (warm-up calls for warmup_ms, timed calls
-    for min_ms, l2_flush_mb MiB zeroed before each call)."""
+    for min_ms, l2_flush_mb MiB zeroed before each call); dims: (Dqk, Dv), the workloads' D by
+    default."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
-        cmd = [cli, "bench", "--segments", ",".join(map(str, lens)), "--heads", f"{HQ}/{HKV}",
-               "--dim", str(D), "--dtype", "bf16", "--repeat", str(repeat), "--json", out]
-        cmd += ["--causal"] if causal else []
-        cmd += ["--pause-ms", str(pause_ms)] if pause_ms else []
-        cmd += ["--warmup-ms", str(warmup_ms)] if warmup_ms else []
-        cmd += ["--min-ms", str(min_ms)] if min_ms else []
-        cmd += ["--l2-flush-mb", str(l2_flush_mb)] if l2_flush_mb else []
-        cmd += variant_args
+        cmd = bench_command(cli, lens, causal, variant_args, repeat, out, pause_ms, warmup_ms,
+                            min_ms, l2_flush_mb, dims)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             return {"error": (proc.stdout + proc.stderr)[-400:]}
         with open(out) as f:
             res = json.load(f)
-    return result_from_bench(res, lens, causal)
+    return result_from_bench(res, lens, causal, dims)
 
 
-def result_from_bench(res, lens, causal):
-    """A variant's result from one `raggedattn bench --json` report."""
+def result_from_bench(res, lens, causal, dims=(D, D)):
+    """A variant's result from one `raggedattn bench --json` report. FLOPs as the command counts
+    them: 2 (Dqk + Dv) Hq per visible pair forward, i.e. workloads.py's 4 d Hq with d their mean."""
     fwd_ms, bwd_ms = float(res["fwd_ms"]), float(res["bwd_ms"])
+    d = (dims[0] + dims[1]) / 2
     r = {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
-         "fwd_tflops": fwd_flops(lens, causal) / fwd_ms / 1e9,
-         "bwd_tflops": bwd_flops(lens, causal) / bwd_ms / 1e9,
+         "fwd_tflops": fwd_flops(lens, causal, HQ, d) / fwd_ms / 1e9,
+         "bwd_tflops": bwd_flops(lens, causal, HQ, d) / bwd_ms / 1e9,
          "path": res.get("path", "")}
     r.update({k: res[k] for k in GPU_KEYS + ("fwd_calls", "bwd_calls") if k in res})
     return r
+
+
+def lib_builds(ap, specs):
+    """This build, then each --lib TAG=DIR build, as (tag, env) pairs: the command loads
+    libraggedattn.so from LD_LIBRARY_PATH first. DIR may be a whole staged build
+    (scripts/stage_build.sh without --lib-only), which keeps the library under src/."""
+    builds = [("", None)]
+    for spec in specs:
+        tag, _, path = spec.partition("=")
+        if not os.path.isfile(os.path.join(path, "libraggedattn.so")) and os.path.isfile(
+                os.path.join(path, "src", "libraggedattn.so")):
+            path = os.path.join(path, "src")
+        if not os.path.isfile(os.path.join(path, "libraggedattn.so")):
+            # Without the library there, the loader would fall back to this build's copy and the
+            # comparison would silently measure the same library twice.
+            ap.error(f"--lib {spec}: {path} holds no libraggedattn.so")
+        builds.append((tag, dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(path))))
+    return builds
 
 
 def combine_runs(runs):
@@ -179,20 +209,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     names = args.workloads.split(",")
-    # This build, then each --lib build (the CLI loads libraggedattn.so from LD_LIBRARY_PATH first).
-    builds = [("", None)]
-    for spec in args.lib:
-        tag, _, path = spec.partition("=")
-        # A whole staged build (scripts/stage_build.sh without --lib-only) keeps it under src/.
-        if not os.path.isfile(os.path.join(path, "libraggedattn.so")) and os.path.isfile(
-                os.path.join(path, "src", "libraggedattn.so")):
-            path = os.path.join(path, "src")
-        if not os.path.isfile(os.path.join(path, "libraggedattn.so")):
-            # Without the library there, the loader would fall back to this build's copy and the
-            # comparison would silently measure the same library twice.
-            ap.error(f"--lib {spec}: {path} holds no libraggedattn.so")
-        env = dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(path))
-        builds.append((tag, env))
+    builds = lib_builds(ap, args.lib)
     # The library's default (the best CUDA path: the Hopper path where it takes the problem), its
     # 16-bit dQ scratch, and the portable path forced, so both paths are measured each run.
     # The Hopper path forced as well, so it is measured also where auto takes the portable one.

@@ -10,18 +10,28 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import head_dims  # noqa: E402
+import run  # noqa: E402
 
 FAKE_CLI = r'''#!/usr/bin/env python3
-import json, os, sys
+# `raggedattn bench` as run.py's run_ours calls it: times chosen so that the rates run_ours
+# derives (visible pairs, 2 (Dqk + Dv) Hq FLOPs each forward, 2.5x backward) are
+# fwd = Dqk + Dv and bwd = Dqk, + 1 with a 16-bit scratch, + 1 under the causal mask.
+import json, sys
 a = sys.argv[1:]
-opt = lambda k: a[a.index(k) + 1]
-dqk, dv = int(opt("--dim")), int(opt("--dim-v"))
+opt = lambda k, default=None: a[a.index(k) + 1] if k in a else default
+dqk = int(opt("--dim"))
+dv = int(opt("--dim-v", dqk))
 if dqk == 96:
     print("raggedattn: head dim 96 is not supported here", file=sys.stderr)
     sys.exit(2)
-bonus = float(os.environ.get("FAKE_BONUS", "0"))
-json.dump({"fwd_ms": 1.0, "bwd_ms": 2.0, "fwd_tflops": dqk + dv + bonus,
-           "bwd_tflops": dqk + (1 if opt("--dq-accum") == "bf16" else 0) + ("--causal" in a),
+lens = [int(x) for x in opt("--segments").split(",")]
+causal = "--causal" in a
+hq = int(opt("--heads").split("/")[0])
+pairs = sum(s * (s + 1) // 2 if causal else s * s for s in lens)
+fwd_flops = 2.0 * (dqk + dv) * hq * pairs
+fwd_rate = dqk + dv
+bwd_rate = dqk + (1 if opt("--dq-accum") == "bf16" else 0) + causal
+json.dump({"fwd_ms": fwd_flops / fwd_rate / 1e9, "bwd_ms": 2.5 * fwd_flops / bwd_rate / 1e9,
            "path": "fake"}, open(opt("--json"), "w"))
 '''
 
@@ -32,12 +42,15 @@ def test_dims_parse_and_name():
 
 
 def test_the_command_carries_the_workload_and_the_regime():
-    cmd = head_dims.bench_command("cli", [3, 5], True, 192, 128, "bf16", "x.json")
+    cmd = run.bench_command("cli", [3, 5], True, ["--dq-accum", "bf16"], 10, "x.json",
+                            warmup_ms=50, min_ms=200, l2_flush_mb=256, dims=(192, 128))
     s = " ".join(cmd)
     for part in ("--segments 3,5", "--dim 192", "--dim-v 128", "--dq-accum bf16",
                  "--warmup-ms 50", "--min-ms 200", "--l2-flush-mb 256", "--causal"):
         assert part in s
-    assert "--causal" not in head_dims.bench_command("cli", [3], False, 64, 64, "fp32", "x")
+    assert "--causal" not in run.bench_command("cli", [3], False, ["--dq-accum", "fp32"], 10, "x")
+    # at the workloads' own D the command is the one run.py always gave (no --dim-v)
+    assert "--dim-v" not in run.bench_command("cli", [3], True, [], 10, "x")
 
 
 def test_table_per_build_and_mode_and_the_failed_cell(tmp_path):
