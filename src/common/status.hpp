@@ -1,20 +1,13 @@
 // Building Status values with messages that say what was given, what is supported, and where.
 #pragma once
 
-#include <sstream>
 #include <string>
 #include <utility>
 
+#include "common/format.hpp"
 #include "raggedattn/raggedattn.hpp"
 
 namespace raggedattn {
-
-template <class... Args>
-std::string str_cat(Args&&... args) {
-  std::ostringstream os;
-  (os << ... << std::forward<Args>(args));
-  return os.str();
-}
 
 template <class... Args>
 Status invalid_value(const char* where, Args&&... args) {
