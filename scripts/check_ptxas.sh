@@ -10,7 +10,7 @@
 # sm_90a target with its own build command plus -Xptxas -v (into a scratch file) and reads
 # ptxas's report; prints each kernel's spills too. Also fails where the forward's grid kernel
 # (fwd_kernel) spills at all: how many of S's k-steps take Q from registers (fwd_q_reg_ksteps,
-# sm90/config.hpp) is the most that fit without spilling, so a spill there means that choice, or
+# core/sm90_shapes.hpp) is the most that fit without spilling, so a spill there means that choice, or
 # the code around it, needs another look. Needs a Ninja build (CTest runs it as
 # sm90.wgmma_not_serialized).
 #   scripts/check_ptxas.sh BUILD_DIR

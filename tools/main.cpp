@@ -11,8 +11,8 @@
 
 #include "args.hpp"
 #include "core/dq_accum_layout.hpp"
-#include "cuda/portable/config.hpp"
-#include "cuda/sm90/config.hpp"
+#include "core/portable_shapes.hpp"
+#include "core/sm90_shapes.hpp"
 #include "raggedattn/raggedattn.hpp"
 #include "verify/rng.hpp"
 #include "verify/verify.hpp"

@@ -3,10 +3,11 @@
 
 #include "common/dtype.hpp"
 #include "common/status.hpp"
+#include "core/portable_shapes.hpp"
+#include "core/sm90_shapes.hpp"
 #include "core/tile_map.hpp"
-#include "cuda/portable/config.hpp"
-#include "cuda/sm90/config.hpp"
 #include "plan/plan_data.hpp"
+#include "plan/policy.hpp"
 #include "plan/validate.hpp"
 
 namespace raggedattn {
@@ -80,9 +81,9 @@ void plan_bwd_workspace(PlanData* d) {
     // pairs segment by segment, the segments with the most work first (long segments have more
     // query steps than short ones; sm90/schedule.cuh): one entry per CTA of its grid.
     ws.schedule = take(&cursor, size_t(d->bwd.tiles) * d->bwd.inner_heads * sizeof(HeadTile));
-    ws.interleave_rows = sm90::bwd_interleave_rows(d->caps.l2_bytes, p.num_heads_q, p.head_dim_qk,
-                                                   p.head_dim_v, int(ws.dq_accum.elem_bytes()));
-    if (sm90::bwd_dq_claimed(p.head_dim_qk, !d->bwd.dq_staged, p.deterministic != 0)) {
+    ws.interleave_rows = policy::bwd_interleave_rows(d->caps.l2_bytes, p.num_heads_q, p.head_dim_qk,
+                                                     p.head_dim_v, int(ws.dq_accum.elem_bytes()));
+    if (policy::bwd_dq_claimed(p.head_dim_qk, !d->bwd.dq_staged, p.deterministic != 0)) {
       // Cleared in 16-byte words, as the scratch would be.
       ws.dq_claims = take(&cursor, size_t(round_up(ws.dq_accum.tiles() * 4, 16)));
     }
@@ -190,15 +191,15 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
   // Forward tiles are query tiles (block_m rows), backward tiles key tiles (block_n rows).
   if (wgmma_forward && sm90::fwd_supports(p.head_dim_qk, p.head_dim_v)) {
     // The persistent kernel (one CTA per SM over all (query tile, head) items) where the items
-    // are short, the grid kernel (one CTA per item) where they are long (sm90::fwd_persistent);
+    // are short, the grid kernel (one CTA per item) where they are long (policy::fwd_persistent);
     // each has its own buffers.
     const int64_t tiles = RaggedTiles::bound(p.total_q, p.batch,
                                              sm90::fwd_config(p.head_dim_qk, p.head_dim_v).block_m);
-    const int64_t ctas = sm90::fwd_ctas(
+    const int64_t ctas = policy::fwd_ctas(
         d->caps.num_sms, tiles * p.num_heads_q,
-        sm90::fwd_persistent(
+        policy::fwd_persistent(
             p.head_dim_qk, p.head_dim_v, d->mask,
-            sm90::FwdDocs::of(p.total_q, p.total_kv, p.batch, p.max_seqlen_q, p.max_seqlen_kv)));
+            policy::FwdDocs::of(p.total_q, p.total_kv, p.batch, p.max_seqlen_q, p.max_seqlen_kv)));
     const bool persistent = ctas > 0;
     const sm90::FwdConfig c = sm90::fwd_config(p.head_dim_qk, p.head_dim_v, persistent);
     d->fwd = LaunchShape{KernelFamily::Wgmma,
@@ -214,8 +215,8 @@ Status plan_sm90(PlanData* d, bool wgmma_forward) {
   }
   if (sm90::bwd_supports(p.head_dim_qk, p.head_dim_v)) {
     // Each step's dQ through a shared-memory tile (bulk reduce-adds by warp 1) or from the
-    // consumers' registers, with the stages that leaves (sm90::bwd_dq_from_registers).
-    const bool dq_regs = sm90::bwd_dq_from_registers(
+    // consumers' registers, with the stages that leaves (policy::bwd_dq_from_registers).
+    const bool dq_regs = policy::bwd_dq_from_registers(
         p.head_dim_qk, p.head_dim_v, p.deterministic != 0, p.dq_accum == RATTN_DQ_ACCUM_FP32);
     const sm90::BwdConfig c = sm90::bwd_config(p.head_dim_qk, p.head_dim_v, dq_regs);
     d->bwd = LaunchShape{KernelFamily::Wgmma,
@@ -257,10 +258,10 @@ Status choose_path(PlanData* d) {
       [[fallthrough]];
     case RATTN_BACKEND_CUDA:
       // The best CUDA path for the problem: Hopper where it takes it (its forward only where
-      // the segments are long enough, sm90::kAutoMinSeqlenKv), portable otherwise.
+      // the segments are long enough, policy::kAutoMinSeqlenKv), portable otherwise.
       RATTN_RETURN_IF_ERROR(require_cuda("cuda", caps));
       if (sm90_refusal(p, caps).empty()) {
-        return plan_sm90(d, p.max_seqlen_kv >= sm90::kAutoMinSeqlenKv);
+        return plan_sm90(d, p.max_seqlen_kv >= policy::kAutoMinSeqlenKv);
       }
       d->path = Path::CudaPortable;
       return plan_portable(d);

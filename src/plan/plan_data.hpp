@@ -30,14 +30,14 @@ struct BwdWorkspace {
   Region locks;            // int32 per (query tile, query head): deterministic ordering
   // int32 per 64-row tile of the dQ scratch (DqAccumLayout::tile_of), zeroed by the dot(dO, O)
   // kernel in place of the scratch: 0 no key tile has written the tile, 1 one is storing it, 2
-  // written (sm90::bwd_dq_claimed; the Hopper backward only).
+  // written (policy::bwd_dq_claimed; the Hopper backward only).
   Region dq_claims;
   // HeadTile per CTA of the Hopper backward (LaunchShape::tiles x inner_heads: every key tile for
   // every KV head): the order its CTAs take (key tile, KV head) in, segment by segment, the
   // segments with the most work first (written by sm90::bwd_lpt_schedule before each main
   // kernel). A segment of at most interleave_rows query rows runs its KV heads tile by tile
   // together (the last wave then holds the lightest tiles of every head); a longer one KV head by
-  // KV head (sm90::bwd_interleave_rows: its heads' query-side rows together would not stay in L2).
+  // KV head (policy::bwd_interleave_rows: its heads' query-side rows together would not stay in L2).
   // Not in deterministic mode (its turns need each segment's tiles in order).
   Region schedule;
   int64_t interleave_rows = 0;
@@ -77,11 +77,11 @@ struct LaunchShape {
   int64_t tiles = 0;  // the ragged tile map's index space (grid.x)
   // > 0: a persistent kernel that takes the tiles x grid_y work items (the grid it would
   // otherwise have) from a counter, its first from its CTA index, on a grid of (item_ctas, 1);
-  // 0: the grid kernel (sm90::fwd_ctas decides for the Hopper forward).
+  // 0: the grid kernel (policy::fwd_ctas decides for the Hopper forward).
   int64_t item_ctas = 0;
   // The backward: each step's dQ tile goes through shared memory into the scratch by bulk
   // reduce-adds rather than by atomics (portable) or vector reductions (Hopper) from registers.
-  // Portable: sm_90, fp32 scratch, atomic mode. Hopper: sm90::bwd_dq_from_registers's answer,
+  // Portable: sm_90, fp32 scratch, atomic mode. Hopper: policy::bwd_dq_from_registers's answer,
   // negated; the Hopper kernel it selects has the shared memory and stages of this shape.
   bool dq_staged = false;
   // The grid kernel's CTAs over (tile, head). 0: grid (tiles, heads), CTA (x, y) on tile x and

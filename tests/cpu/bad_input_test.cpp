@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/policy.hpp"
 #include "raggedattn/raggedattn.h"
 #include "raggedattn/raggedattn.hpp"
 #include "test_util.hpp"
@@ -381,7 +382,7 @@ TEST(BadInputs, WorkspaceTooSmall) {
 }
 
 TEST(BadInputs, ForwardWorkspaceMissing) {
-  // The persistent Hopper forward (short items: sm90::fwd_persistent) keeps
+  // The persistent Hopper forward (short items: policy::fwd_persistent) keeps
   // its work counter in the forward's workspace: a forward call without it is refused before
   // anything is launched, naming what the plan needs.
   Call s;

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/sm90/config.hpp"
+#include "core/sm90_shapes.hpp"
 
 namespace raggedattn {
 namespace {

@@ -18,9 +18,10 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/portable/config.hpp"
+#include "core/portable_shapes.hpp"
+#include "core/sm90_shapes.hpp"
 #include "cuda/portable/instantiations.hpp"
-#include "cuda/sm90/config.hpp"
+#include "plan/policy.hpp"
 
 namespace raggedattn {
 namespace {
@@ -172,7 +173,7 @@ TEST(MaskTraversal, RotatedStepsCoverTheSpanAndSpreadTheKeyTiles) {
   EXPECT_GT(rotated, 100);  // the rotation ran, not only rot 0
 }
 
-// The forward's side (MaskSpec::key_tiles, what the Plan's sm90::fwd_mean_key_tiles counts): the
+// The forward's side (MaskSpec::key_tiles, what the Plan's policy::fwd_mean_key_tiles counts): the
 // key tiles of a query tile cover every key its rows see, and its first and last hold one.
 TEST(MaskTraversal, KeyTilesOfAQueryTileHoldEveryKeyItSees) {
   std::mt19937 rng(20261202);

@@ -8,9 +8,10 @@
 #include <vector>
 
 #include "common/status.hpp"
-#include "cuda/portable/config.hpp"
-#include "cuda/sm90/config.hpp"
+#include "core/portable_shapes.hpp"
+#include "core/sm90_shapes.hpp"
 #include "plan/plan_data.hpp"
+#include "plan/policy.hpp"
 #include "test_util.hpp"
 
 namespace raggedattn {
@@ -69,7 +70,7 @@ Problem long_problem(rattn_backend backend) {
   return p;
 }
 
-// How describe() shows the Hopper backward's launch shape (config.hpp).
+// How describe() shows the Hopper backward's launch shape (core/sm90_shapes.hpp).
 std::string sm90_bwd_shape() {
   return "bwd[wgmma " + std::to_string(sm90::kBwd.block_m) + "x" +
          std::to_string(sm90::kBwd.block_n) + " " + std::to_string(sm90::kBwdThreads) + "thr";
@@ -164,10 +165,10 @@ TEST(PlanPath, PortableBackwardStagesDqOnSm90InAtomicFp32ModeWhereItFits) {
 
 TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // Segments shorter than sm90::kAutoMinSeqlenKv: the portable forward measured faster there, the
+  // Segments shorter than policy::kAutoMinSeqlenKv: the portable forward measured faster there, the
   // Hopper backward faster everywhere. A forced cuda_sm90 runs both directions on wgmma.
   Problem short_docs = long_problem(RATTN_BACKEND_AUTO);
-  short_docs.max_seqlen_q = short_docs.max_seqlen_kv = sm90::kAutoMinSeqlenKv - 1;
+  short_docs.max_seqlen_q = short_docs.max_seqlen_kv = policy::kAutoMinSeqlenKv - 1;
   Plan plan;
   ASSERT_TRUE(make_plan(short_docs, fake_hopper_caps(), &plan).ok());
   EXPECT_EQ(plan.path(), Path::CudaSm90);
@@ -183,7 +184,7 @@ TEST(PlanPath, ShortDocumentsTakeThePortableForwardAndTheHopperBackward) {
 
 TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   if (!kBuiltWithSm90) GTEST_SKIP() << "build without the Hopper kernels";
-  // sm90::fwd_persistent: the persistent kernel where a document of the problem's mean length
+  // policy::fwd_persistent: the persistent kernel where a document of the problem's mean length
   // sees at most fwd_persistent_max_mean_key_tiles key tiles on average under the mask
   // (fwd_mean_key_tiles, in the kernel's key tiles) and its longest at most
   // fwd_persistent_max_longest_key_tiles. The persistent kernel runs one CTA per SM
@@ -194,64 +195,65 @@ TEST(PlanPath, HopperForwardIsPersistentWhereItsItemsAreShort) {
   // Counted by hand: a causal document of 48 tiles sees (1 + 2 + ... + 48) / 48 on average, one
   // without a mask all 24 of 24; under a window of 256 keys back, tiles 0 and 1 see 1 and 2 key
   // tiles and every later one 3; 100 queries at the end of 6000 keys (bottom-right) see all 47.
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 6144, 6144, 128, 128), 24.5);
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(none, 3072, 3072, 128, 128), 24.0);
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(window, 32768, 32768, 128, 128), 765.0 / 256);
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(bottom_right, 100, 6000, 128, 128), 47.0);
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 100, 100, 128, 128), 1.0);
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 0, 0, 128, 128), 0.0);
-  EXPECT_TRUE(sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::equal(6144)));
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal,
-                                    sm90::FwdDocs::equal(6401)));  // 51 tiles: 26 on average
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::equal(16384)));
-  EXPECT_TRUE(sm90::fwd_persistent(128, 128, none, sm90::FwdDocs::equal(3200)));
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, none, sm90::FwdDocs::equal(3201)));
-  EXPECT_TRUE(sm90::fwd_persistent(128, 128, window, sm90::FwdDocs::equal(32768)));
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, bottom_right, {100, 6000, 100, 6000}));
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(causal, 6144, 6144, 128, 128), 24.5);
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(none, 3072, 3072, 128, 128), 24.0);
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(window, 32768, 32768, 128, 128), 765.0 / 256);
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(bottom_right, 100, 6000, 128, 128), 47.0);
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(causal, 100, 100, 128, 128), 1.0);
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(causal, 0, 0, 128, 128), 0.0);
+  EXPECT_TRUE(policy::fwd_persistent(128, 128, causal, policy::FwdDocs::equal(6144)));
+  EXPECT_FALSE(policy::fwd_persistent(128, 128, causal,
+                                      policy::FwdDocs::equal(6401)));  // 51 tiles: 26 on average
+  EXPECT_FALSE(policy::fwd_persistent(128, 128, causal, policy::FwdDocs::equal(16384)));
+  EXPECT_TRUE(policy::fwd_persistent(128, 128, none, policy::FwdDocs::equal(3200)));
+  EXPECT_FALSE(policy::fwd_persistent(128, 128, none, policy::FwdDocs::equal(3201)));
+  EXPECT_TRUE(policy::fwd_persistent(128, 128, window, policy::FwdDocs::equal(32768)));
+  EXPECT_FALSE(policy::fwd_persistent(128, 128, bottom_right, {100, 6000, 100, 6000}));
   // The other head dims' limits, on both sides: D = 64 up to 17 (a causal document of 33 tiles
   // sees 17 on average, one of 34 17.5), 192/128 up to 64.5 (128 tiles), 256 up to 129 in its
   // 64-key tiles (a causal document of 16384 tokens: query tile t sees 2 (t + 1)).
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 16384, 16384, 128, 64), 129.0);
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 33 * 128, 33 * 128, 128, 128), 17.0);
-  EXPECT_TRUE(sm90::fwd_persistent(64, 64, causal, sm90::FwdDocs::equal(33 * 128)));
-  EXPECT_FALSE(sm90::fwd_persistent(64, 64, causal, sm90::FwdDocs::equal(33 * 128 + 1)));
-  EXPECT_TRUE(sm90::fwd_persistent(192, 128, causal, sm90::FwdDocs::equal(16384)));
-  EXPECT_FALSE(sm90::fwd_persistent(192, 128, causal, sm90::FwdDocs::equal(16385)));
-  EXPECT_TRUE(sm90::fwd_persistent(256, 256, causal, sm90::FwdDocs::equal(16384)));
-  EXPECT_FALSE(sm90::fwd_persistent(256, 256, causal, sm90::FwdDocs::equal(16385)));
-  EXPECT_TRUE(sm90::fwd_persistent(256, 256, none,
-                                   sm90::FwdDocs::equal(129 * 64)));  // every key: 129 tiles
-  EXPECT_FALSE(sm90::fwd_persistent(256, 256, none, sm90::FwdDocs::equal(129 * 64 + 1)));
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(causal, 16384, 16384, 128, 64), 129.0);
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(causal, 33 * 128, 33 * 128, 128, 128), 17.0);
+  EXPECT_TRUE(policy::fwd_persistent(64, 64, causal, policy::FwdDocs::equal(33 * 128)));
+  EXPECT_FALSE(policy::fwd_persistent(64, 64, causal, policy::FwdDocs::equal(33 * 128 + 1)));
+  EXPECT_TRUE(policy::fwd_persistent(192, 128, causal, policy::FwdDocs::equal(16384)));
+  EXPECT_FALSE(policy::fwd_persistent(192, 128, causal, policy::FwdDocs::equal(16385)));
+  EXPECT_TRUE(policy::fwd_persistent(256, 256, causal, policy::FwdDocs::equal(16384)));
+  EXPECT_FALSE(policy::fwd_persistent(256, 256, causal, policy::FwdDocs::equal(16385)));
+  EXPECT_TRUE(policy::fwd_persistent(256, 256, none,
+                                     policy::FwdDocs::equal(129 * 64)));  // every key: 129 tiles
+  EXPECT_FALSE(policy::fwd_persistent(256, 256, none, policy::FwdDocs::equal(129 * 64 + 1)));
   // A pack of documents of different lengths (D = 128): docs_mixed_32k's bounds (32768 tokens
   // in 9 documents, the longest 7198: 29 tiles on average; a document of the mean length, 3641
   // tokens, 14.7) persistent, up to a longest of 7296 (29); past 29 for the longest (7297: 29.5)
   // or 25 for the mean the grid.
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 7198, 7198, 128, 128), 29.0);
-  EXPECT_DOUBLE_EQ(sm90::fwd_mean_key_tiles(causal, 7553, 7553, 128, 128), 30.5);
-  EXPECT_EQ(sm90::FwdDocs::of(32768, 32768, 9, 7198, 7198).mean_q, 3641);
-  EXPECT_EQ(sm90::FwdDocs::of(20000, 20000, 2, 300, 300).mean_q, 300);  // at most the bound
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(causal, 7198, 7198, 128, 128), 29.0);
+  EXPECT_DOUBLE_EQ(policy::fwd_mean_key_tiles(causal, 7553, 7553, 128, 128), 30.5);
+  EXPECT_EQ(policy::FwdDocs::of(32768, 32768, 9, 7198, 7198).mean_q, 3641);
+  EXPECT_EQ(policy::FwdDocs::of(20000, 20000, 2, 300, 300).mean_q, 300);  // at most the bound
   EXPECT_TRUE(
-      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(32768, 32768, 9, 7198, 7198)));
+      policy::fwd_persistent(128, 128, causal, policy::FwdDocs::of(32768, 32768, 9, 7198, 7198)));
   EXPECT_TRUE(
-      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(32768, 32768, 9, 7296, 7296)));
+      policy::fwd_persistent(128, 128, causal, policy::FwdDocs::of(32768, 32768, 9, 7296, 7296)));
   EXPECT_FALSE(
-      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(32768, 32768, 9, 7297, 7297)));
+      policy::fwd_persistent(128, 128, causal, policy::FwdDocs::of(32768, 32768, 9, 7297, 7297)));
   EXPECT_FALSE(
-      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(32768, 32768, 9, 7553, 7553)));
-  EXPECT_FALSE(sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::equal(7168)));  // 28.5
-  EXPECT_FALSE(
-      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(2 * 6401, 2 * 6401, 2, 6401, 6401)));
+      policy::fwd_persistent(128, 128, causal, policy::FwdDocs::of(32768, 32768, 9, 7553, 7553)));
+  EXPECT_FALSE(policy::fwd_persistent(128, 128, causal, policy::FwdDocs::equal(7168)));  // 28.5
+  EXPECT_FALSE(policy::fwd_persistent(128, 128, causal,
+                                      policy::FwdDocs::of(2 * 6401, 2 * 6401, 2, 6401, 6401)));
   // One long document among empty segments: the longest decides.
-  EXPECT_FALSE(
-      sm90::fwd_persistent(128, 128, causal, sm90::FwdDocs::of(16384, 16384, 64, 16384, 16384)));
+  EXPECT_FALSE(policy::fwd_persistent(128, 128, causal,
+                                      policy::FwdDocs::of(16384, 16384, 64, 16384, 16384)));
   // The other head dims: the mean's limit for the longest too, so equal documents' rule.
-  EXPECT_TRUE(
-      sm90::fwd_persistent(64, 64, causal, sm90::FwdDocs::of(8192, 8192, 4, 33 * 128, 33 * 128)));
-  EXPECT_FALSE(
-      sm90::fwd_persistent(64, 64, causal, sm90::FwdDocs::of(8192, 8192, 4, 34 * 128, 34 * 128)));
+  EXPECT_TRUE(policy::fwd_persistent(64, 64, causal,
+                                     policy::FwdDocs::of(8192, 8192, 4, 33 * 128, 33 * 128)));
+  EXPECT_FALSE(policy::fwd_persistent(64, 64, causal,
+                                      policy::FwdDocs::of(8192, 8192, 4, 34 * 128, 34 * 128)));
   for (const auto& dims : {std::pair<int, int>{64, 64}, std::pair<int, int>{192, 128},
                            std::pair<int, int>{256, 256}}) {
-    EXPECT_TRUE(sm90::fwd_persistent(dims.first, dims.second, window, sm90::FwdDocs::equal(32768)));
+    EXPECT_TRUE(
+        policy::fwd_persistent(dims.first, dims.second, window, policy::FwdDocs::equal(32768)));
   }
 
   const int sms = fake_hopper_caps().num_sms;
@@ -344,7 +346,7 @@ TEST(PlanPath, HeadDims256And192TakeBothHopperKernels) {
         ASSERT_TRUE(make_plan(p, fake_hopper_caps(), &plan).ok());
         SCOPED_TRACE(plan.describe());
         const bool dq_regs = d256 && !deterministic && !fp32_dq;
-        EXPECT_EQ(sm90::bwd_dq_from_registers(dims.first, dims.second, deterministic, fp32_dq),
+        EXPECT_EQ(policy::bwd_dq_from_registers(dims.first, dims.second, deterministic, fp32_dq),
                   dq_regs);
         const sm90::BwdConfig c = sm90::bwd_config(dims.first, dims.second, dq_regs);
         EXPECT_EQ(plan.path(), Path::CudaSm90);
@@ -506,11 +508,11 @@ TEST(PlanPath, ScheduleSlots) {
 // the dQ scratch's, LSE and dot) within the L2's share; twice the heads, half the rows.
 TEST(PlanPath, ScheduleInterleavesSegmentsWhoseRowsFitTheL2) {
   const int64_t l2 = 60 << 20;
-  const int64_t rows = sm90::bwd_interleave_rows(l2, 32, 128, 128, 4);
-  EXPECT_EQ(rows, l2 / sm90::kBwdInterleaveL2Share / (32 * (256 + 256 + 512 + 8)));
-  EXPECT_EQ(sm90::bwd_interleave_rows(l2, 64, 128, 128, 4), rows / 2);
-  EXPECT_GT(sm90::bwd_interleave_rows(l2, 32, 128, 128, 2), rows);  // the 16-bit scratch
-  EXPECT_EQ(sm90::bwd_interleave_rows(0, 32, 128, 128, 4), 0);      // L2 unknown: head by head
+  const int64_t rows = policy::bwd_interleave_rows(l2, 32, 128, 128, 4);
+  EXPECT_EQ(rows, l2 / policy::kBwdInterleaveL2Share / (32 * (256 + 256 + 512 + 8)));
+  EXPECT_EQ(policy::bwd_interleave_rows(l2, 64, 128, 128, 4), rows / 2);
+  EXPECT_GT(policy::bwd_interleave_rows(l2, 32, 128, 128, 2), rows);  // the 16-bit scratch
+  EXPECT_EQ(policy::bwd_interleave_rows(0, 32, 128, 128, 4), 0);      // L2 unknown: head by head
 }
 
 // More heads than a grid's y dimension takes (65535): an error naming the grid, not a launch
@@ -630,11 +632,11 @@ void expect_consistent_workspace(const Plan& plan) {
   if (schedule) regions.push_back(ws.schedule);
   // The Hopper backward's claims on the scratch's dQ tiles: one int32 per 64-row tile of the
   // scratch (DqAccumLayout::tiles), in 16-byte words, wherever producer warp 1 adds the tiles
-  // outside deterministic mode (sm90::bwd_dq_claimed); the scratch is then never zeroed. No other
+  // outside deterministic mode (policy::bwd_dq_claimed); the scratch is then never zeroed. No other
   // path has claims.
-  const bool claimed = d.bwd.family == KernelFamily::Wgmma &&
-                       sm90::bwd_dq_claimed(d.problem.head_dim_qk, !d.bwd.dq_staged,
-                                             d.problem.deterministic != 0);
+  const bool claimed =
+      d.bwd.family == KernelFamily::Wgmma &&
+      policy::bwd_dq_claimed(d.problem.head_dim_qk, !d.bwd.dq_staged, d.problem.deterministic != 0);
   EXPECT_EQ(ws.dq_claims.bytes,
             claimed ? size_t((ws.dq_accum.tiles() * 4 + 15) / 16 * 16) : size_t(0));
   EXPECT_EQ(plan.describe().find("claimed") != std::string::npos, claimed);

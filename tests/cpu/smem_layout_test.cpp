@@ -1,5 +1,5 @@
 // The kernels' shared-memory layouts, which the Plan sizes launches from and the kernels address
-// by (src/cuda/portable/config.hpp, src/cuda/sm90/config.hpp): for every instantiated head-dim
+// by (src/core/portable_shapes.hpp, src/core/sm90_shapes.hpp): for every instantiated head-dim
 // pair (and, on the portable path, every stage count, with or without the staged dQ tile), the
 // regions are disjoint, inside the allocation and aligned for their accesses (cp.async, ldmatrix
 // and bulk copies: 16 bytes; the Hopper path's 128-byte-swizzled tiles: 1024; mbarriers: 8), and
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/portable/config.hpp"
+#include "core/portable_shapes.hpp"
 #include "cuda/portable/instantiations.hpp"
-#include "cuda/sm90/config.hpp"
+#include "core/sm90_shapes.hpp"
 
 namespace raggedattn {
 namespace {

@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/sm90/config.hpp"
+#include "core/sm90_shapes.hpp"
 #include "gpu_test_util.hpp"
+#include "plan/policy.hpp"
 #include "verify/case_spec.hpp"
 
 namespace raggedattn {
@@ -70,9 +71,9 @@ INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
                            return info.param.label;
                          });
 
-// The Hopper forward's two kernels (sm90::fwd_persistent): the persistent one, one CTA per SM over
-// all work items, where the items are short; the grid one, one CTA per item, where they are long
-// (at D = 128 under a causal mask: a document of the mean length up to 6144 tokens, 24.5 key
+// The Hopper forward's two kernels (policy::fwd_persistent): the persistent one, one CTA per SM
+// over all work items, where the items are short; the grid one, one CTA per item, where they are
+// long (at D = 128 under a causal mask: a document of the mean length up to 6144 tokens, 24.5 key
 // tiles per query tile on average, and the longest up to 7296, 29 (7198 among shorter ones
 // below, with more work items than an H200 has SMs), the grid kernel from 7297, 29.5 (7553
 // below); at D = 64 up to 4224 tokens, 17, and from 4225, 17.5; at Dqk 192 / Dv 128 and D = 256
@@ -104,9 +105,9 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
     const int longest = *std::max_element(sc.lens.begin(), sc.lens.end());
     const int64_t total = std::accumulate(sc.lens.begin(), sc.lens.end(), int64_t{0});
     const int dim_v = sc.dim_v ? sc.dim_v : sc.dim;
-    const sm90::FwdDocs docs =
-        sm90::FwdDocs::of(total, total, int64_t(sc.lens.size()), longest, longest);
-    ASSERT_EQ(sm90::fwd_persistent(sc.dim, dim_v, causal, docs), sc.persistent) << sc.name;
+    const policy::FwdDocs docs =
+        policy::FwdDocs::of(total, total, int64_t(sc.lens.size()), longest, longest);
+    ASSERT_EQ(policy::fwd_persistent(sc.dim, dim_v, causal, docs), sc.persistent) << sc.name;
   }
   for (const Schedule& sc : schedules) {
     SCOPED_TRACE(sc.name);
@@ -126,7 +127,7 @@ TEST(HopperForward, BothKernelsMatchTheReference) {
   }
 }
 
-// The column split's (D = 256) two backward kernels (sm90::bwd_dq_from_registers): with a 16-bit
+// The column split's (D = 256) two backward kernels (policy::bwd_dq_from_registers): with a 16-bit
 // dQ scratch outside deterministic mode each step's dQ goes from the consumers' registers into
 // the scratch by vector reductions, two Q/dO stages; with an fp32 scratch or in deterministic mode
 // through the shared-memory tile (and warp 1's turns), one stage. Every segment against the
@@ -196,7 +197,7 @@ TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
     for (bool deterministic : {false, true}) {
       for (rattn_dq_accum accum : {RATTN_DQ_ACCUM_FP32, RATTN_DQ_ACCUM_BF16}) {
         const bool regs =
-            sm90::bwd_dq_from_registers(256, 256, deterministic, accum == RATTN_DQ_ACCUM_FP32);
+            policy::bwd_dq_from_registers(256, 256, deterministic, accum == RATTN_DQ_ACCUM_FP32);
         ASSERT_EQ(regs, !deterministic && accum != RATTN_DQ_ACCUM_FP32);
         CaseSpec c = sm90_case(std::string(sh.name) + (deterministic ? "_deterministic" : "") +
                                    (accum == RATTN_DQ_ACCUM_FP32 ? "_dq_fp32" : "_dq_16bit"),
@@ -219,7 +220,7 @@ TEST(HopperBackward, ColumnSplitDqFromRegistersAndThroughTheTile) {
 }
 
 // The backward's schedule with both orders in one problem (BwdWorkspace::schedule): a segment
-// longer than sm90::bwd_interleave_rows runs its KV heads one after the other, the shorter ones
+// longer than policy::bwd_interleave_rows runs its KV heads one after the other, the shorter ones
 // (and a length-1 and a zero-length segment) their heads interleaved tile by tile. Either order
 // covers every (key tile, KV head) once: a tile skipped leaves its dK and dV poisoned, one run
 // twice doubles its dQ terms.
@@ -228,7 +229,7 @@ TEST(HopperBackward, ScheduleTakesBothOrdersInOneProblem) {
   const int64_t l2 = query_device(-1).l2_bytes;
   // 64 query heads: the longer segment past the rule's rows at half the tokens of 32 heads'.
   const int32_t hq = 64, hkv = 8, dim = 64;
-  const int64_t rows = sm90::bwd_interleave_rows(l2, hq, dim, dim, 4);  // fp32 dQ scratch
+  const int64_t rows = policy::bwd_interleave_rows(l2, hq, dim, dim, 4);  // fp32 dQ scratch
   ASSERT_GT(rows, 100) << "L2 " << l2;
   const int32_t longer = int32_t(rows + 77), shorter = int32_t(std::min<int64_t>(rows, 700));
   for (rattn_mask mask : {RATTN_MASK_CAUSAL, RATTN_MASK_NONE}) {

@@ -14,7 +14,7 @@
 
 #include "cuda/portable/bulk_async.cuh"
 #include "cuda/portable/bwd_common.cuh"
-#include "cuda/portable/config.hpp"
+#include "core/portable_shapes.hpp"
 
 namespace raggedattn {
 namespace portable {

@@ -6,7 +6,7 @@
 // S_n is computed, K_{n+1} while P V_n is.
 #pragma once
 
-#include "cuda/portable/config.hpp"
+#include "core/portable_shapes.hpp"
 #include "cuda/portable/fwd_common.cuh"
 #include "cuda/portable/math.cuh"
 #include "cuda/portable/params.hpp"

@@ -5,10 +5,10 @@
 //     with mbarriers (full/empty); warp 1 adds each step's dQ tile into the scratch with one bulk
 //     reduce-add from shared memory (cp.reduce.async.bulk; in deterministic mode it waits for the
 //     tile's turn first; elsewhere the first key tile to claim a dQ tile stores it instead, and
-//     the scratch is never zeroed: config.hpp's bwd_dq_claimed), except in the kernel that adds dQ
+//     the scratch is never zeroed: policy::bwd_dq_claimed), except in the kernel that adds dQ
 //     from the consumers' registers (DQ_REGS: the column split with a 16-bit scratch outside
-//     deterministic mode, config.hpp's bwd_dq_from_registers); warps 2-3 exit.
-//   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as config.hpp's
+//     deterministic mode, policy::bwd_dq_from_registers); warps 2-3 exit.
+//   two consumer warpgroups (consumer_regs registers), c = 0, 1, sharing the work as sm90_shapes.hpp's
 //     bwd_config and bwd_columns say: at D = 64, 128 and 192/128 (key split) each owns 64 of the
 //     CTA's 128 keys and all their columns; at D = 256 (column split) both work on the CTA's 64
 //     keys and each owns half of the columns of dK, dV and dQ. dK and dV accumulate in registers
@@ -19,7 +19,7 @@
 //                      CTA's 64 under the column split, where both warpgroups compute them)
 //   P^T, dS^T          on the registers (P^T while dP^T is in flight; at Dqk 192 S^T, P^T and
 //                      then dP^T in turn: kScoresInTurn)
-//   dS^T -> shared memory ([key][query], 128-byte swizzled, config.hpp's bwd_ds_buffers)
+//   dS^T -> shared memory ([key][query], 128-byte swizzled, sm90_shapes.hpp's bwd_ds_buffers)
 //   dV  += P^T dO      4 x m64n(DVN)k16, P^T from registers, dO N-major in shared memory
 //   dK  += dS^T Q      4 x m64n(DKN)k16, dS^T from registers, Q N-major; both in flight across
 //                      a barrier: both consumers (key split: dQ needs the other's keys) or this
@@ -29,13 +29,13 @@
 //   dQ -> the shared dQ tile (the scratch's element type and tile order), handed to warp 1, or
 //                      (DQ_REGS) straight into the scratch by vector reductions.
 // The consumers never wait on global memory, atomics or the deterministic turns.
-// Shared-memory tiles use the 128-byte-swizzled panel layout of config.hpp (hopper.cuh).
+// Shared-memory tiles use the 128-byte-swizzled panel layout of sm90_shapes.hpp (hopper.cuh).
 #pragma once
 
 #include <type_traits>
 
 #include "cuda/portable/bwd_common.cuh"
-#include "cuda/sm90/config.hpp"
+#include "core/sm90_shapes.hpp"
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_ops.hpp"
 
@@ -81,7 +81,7 @@ __device__ __forceinline__ float2 prob_factor(const BwdParams& p, float t, float
 }
 
 // DQ_REGS: each step's dQ goes from the consumers' registers into the 16-bit scratch by vector
-// reductions, not through the shared-memory tile and warp 1 (config.hpp's bwd_dq_from_registers).
+// reductions, not through the shared-memory tile and warp 1 (policy::bwd_dq_from_registers).
 template <class T, int DQK, int DV, bool DQ_REGS>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_kernel(const __grid_constant__ BwdTmaParams a) {
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // The whole tile, in the scratch's tile order (rows past the segment's end, whatever
         // they hold, land in its own slot's last tile and are never read).
         const int64_t off = p.dq_accum.offset(0, b, seg.cu_q, h, m0);
-        // Claimed tiles (config.hpp's bwd_dq_claimed; the scratch was not zeroed): the first key
+        // Claimed tiles (policy::bwd_dq_claimed; the scratch was not zeroed): the first key
         // tile to claim this one (0 -> 1) stores it and marks it written (2) once its bulk copy
         // has completed; any other adds only once the tile is marked. The marking mirrors the
         // deterministic turns' release and acquire. The claim is taken before the step's tile is
@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
   };
 
-  // The consumer's loop and epilogue for its columns (config.hpp's bwd_columns): DKN, DVN and DQN
+  // The consumer's loop and epilogue for its columns (sm90_shapes.hpp's bwd_columns): DKN, DVN and DQN
   // columns of dK, dV and dQ (the accumulators' widths, compile-time), from dk0, dv0 and dq0.
   auto consume = [&](auto dk_width, auto dv_width, auto dq_width, const int dk0, const int dv0,
                      const int dq0) {

@@ -20,8 +20,8 @@ namespace {
 // One backward main launch at head dims DQK / DV, after the key tiles' order where the Plan asks
 // for one (schedule.cuh; its tiles are the kernel's, from bwd_config). The instantiations: bf16
 // and fp16 at each pair of RATTN_SM90_BWD_HEAD_DIMS with dQ through the shared-memory tile, and
-// where the column split takes dQ from registers (sm90::bwd_dq_from_registers) that kernel too:
-// the Plan's LaunchShape::dq_staged picks.
+// where the column split takes dQ from registers that kernel too: the Plan's LaunchShape::dq_staged
+// picks.
 struct BwdLauncher {
   const sm90::BwdTmaParams& a;
   const PlanData& d;
@@ -67,13 +67,15 @@ cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* 
 Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream) {
   const Problem& pr = d.problem;
   // The Plan never sends other shapes here; the kernel's tile, stages and shared memory are the
-  // Plan's (config.hpp), for the way its dQ goes (LaunchShape::dq_staged).
+  // Plan's (core/sm90_shapes.hpp), for the way its dQ goes (LaunchShape::dq_staged).
   const bool dq_regs = !d.bwd.dq_staged;
   const sm90::BwdConfig c = sm90::bwd_config(pr.head_dim_qk, pr.head_dim_v, dq_regs);
+  // dQ from registers: only the column split has that kernel, and it adds 16-bit values with no
+  // turns (no deterministic mode).
+  const bool dq_regs_ok = !dq_regs || (sm90::bwd_column_split(pr.head_dim_qk, pr.head_dim_v) &&
+                                       !pr.deterministic && pr.dq_accum != RATTN_DQ_ACCUM_FP32);
   if (!sm90::bwd_supports(pr.head_dim_qk, pr.head_dim_v) || d.bwd.block_m != c.block_m ||
-      d.bwd.block_n != c.block_n || d.bwd.stages != c.stages ||
-      dq_regs != sm90::bwd_dq_from_registers(pr.head_dim_qk, pr.head_dim_v, pr.deterministic != 0,
-                                             pr.dq_accum == RATTN_DQ_ACCUM_FP32) ||
+      d.bwd.block_n != c.block_n || d.bwd.stages != c.stages || !dq_regs_ok ||
       d.bwd.smem_bytes != sm90::bwd_smem(pr.head_dim_qk, pr.head_dim_v, dq_regs).bytes) {
     return not_supported(
         "backward", "the Hopper backward has no kernel for head_dim_qk=", pr.head_dim_qk,
@@ -92,15 +94,19 @@ Status sm90_backward(const PlanData& d, const BwdTensors& t, void* workspace, vo
                          int(dq.order), ", alignment ", dq.align, " for query tiles of ",
                          d.bwd.block_m);
   }
-  // Warp 1 claims the dQ tiles exactly where the Plan reserved the claims and dot(dO, O) cleared
-  // them instead of the scratch (sm90::bwd_dq_claimed): a kernel that added without claiming would
-  // add into an uncleared scratch, and dq_convert would take its tiles for unwritten.
-  const bool claimed = sm90::bwd_dq_claimed(pr.head_dim_qk, dq_regs, pr.deterministic != 0);
-  if ((d.bwd_ws.dq_claims.bytes != 0) != claimed ||
-      (claimed && d.bwd_ws.dq_claims.bytes < size_t(dq.tiles()) * sizeof(int32_t))) {
-    return not_supported("backward", "the Hopper backward ", claimed ? "claims" : "does not claim",
-                         " its dQ tiles here; this plan reserves ", d.bwd_ws.dq_claims.bytes,
-                         " bytes of claims for ", dq.tiles(), " tiles");
+  // Warp 1 claims the dQ tiles wherever the Plan reserved claims (BwdWorkspace::dq_claims), and
+  // dot(dO, O) cleared them instead of the scratch. Claims need a claim for every tile, warp 1
+  // adding the tiles (not the registers) and no turns: deterministic mode adds into a zeroed
+  // scratch.
+  const bool claimed = d.bwd_ws.dq_claims.bytes != 0;
+  if (claimed && (dq_regs || pr.deterministic ||
+                  d.bwd_ws.dq_claims.bytes < size_t(dq.tiles()) * sizeof(int32_t))) {
+    return not_supported("backward",
+                         "the Hopper backward claims its dQ tiles from warp 1 outside "
+                         "deterministic mode; this plan reserves ",
+                         d.bwd_ws.dq_claims.bytes, " bytes of claims for ", dq.tiles(), " tiles",
+                         dq_regs ? " with dQ from registers" : "",
+                         pr.deterministic ? " in deterministic mode" : "");
   }
   sm90::BwdTmaParams maps{};
   RATTN_RETURN_IF_ERROR(make_thd_map("backward", "q", &maps.q_map, pr.dtype, t.q, d.q(),

@@ -6,14 +6,14 @@
 //                          index): barriers and register split set up once per SM, the next
 //                          item's loads overlapping the current one's last product and epilogue.
 //                          The Plan's choice where the longest document is short
-//                          (sm90::fwd_ctas).
+//                          (policy::fwd_ctas).
 // Warp-specialized: a producer warpgroup copies Q and the K/V tiles into shared memory by TMA (a
 // segment's partial last K/V tile too, its rows past the segment zeroed after), a ring of K/V
 // stages handed over with mbarriers; two consumer warpgroups of 64 query rows each run wgmma with
 // register accumulators, taking turns to issue their products (ping-pong: one's softmax overlaps
 // the other's products).
 //
-// The tiles and stages per head dims are config.hpp's fwd_config (D = 64, 128, 256, 192/128).
+// The tiles and stages per head dims are sm90_shapes.hpp's fwd_config (D = 64, 128, 256, 192/128).
 // Per key tile n (128 keys at D = 128), in a consumer:
 //   S_n = Q K_n^T        Dqk/16 x wgmma m64n(block_n)k16, both operands from shared memory
 //                        (K-major), issued together with P_{n-1} V_{n-1}
@@ -33,7 +33,7 @@
 #include "cuda/portable/math.cuh"
 #include "cuda/portable/params.hpp"
 #include "cuda/portable/warp_mma.cuh"
-#include "cuda/sm90/config.hpp"
+#include "core/sm90_shapes.hpp"
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_ops.hpp"
 
@@ -57,7 +57,7 @@ struct FwdTmaParams {
   const TileCoord* schedule;
 };
 
-// The K/V ring's barriers. Where K and V are apart (config.hpp's fwd_kv_split; FlashAttention-3's
+// The K/V ring's barriers. Where K and V are apart (sm90_shapes.hpp's fwd_kv_split; FlashAttention-3's
 // two pipelines), a stage's K is free once both consumers' score products with it have landed, a
 // step before its V, whose P V is issued with the next tile's scores, so the producer loads the
 // next K that much earlier: full_k[s] and full_v[s] complete with the producer warpgroup's 128

@@ -1,6 +1,6 @@
 // Hopper building blocks: shared-memory addressing, stmatrix, the wgmma fences, mbarriers, named
 // barriers, TMA and bulk copies, setmaxnreg, and the loader that writes a tile in the
-// 128-byte-swizzled panel layout of config.hpp (the wgmma descriptors: descriptor.hpp).
+// 128-byte-swizzled panel layout of sm90_shapes.hpp (the wgmma descriptors: descriptor.hpp).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; nothing here calls the driver)
@@ -9,7 +9,7 @@
 
 #include "cuda/portable/bulk_async.cuh"
 #include "cuda/portable/warp_mma.cuh"
-#include "cuda/sm90/config.hpp"
+#include "core/sm90_shapes.hpp"
 #include "cuda/sm90/descriptor.hpp"
 
 namespace raggedattn {
@@ -106,7 +106,7 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
 }
 
 // Vector reductions into global memory (sm_90): one thread adds 4 consecutive elements of a
-// 16-bit type, two packed pairs (the backward's dQ from registers, config.hpp's
+// 16-bit type, two packed pairs (the backward's dQ from registers, sm90_shapes.hpp's
 // bwd_dq_from_registers). Nothing in the kernel reads what they add.
 __device__ __forceinline__ void red_add(__nv_bfloat16* g, uint32_t ab, uint32_t cd) {
   asm volatile("red.global.add.noftz.v2.bf16x2 [%0], {%1, %2};\n" ::"l"(g), "r"(ab), "r"(cd));
