@@ -75,7 +75,7 @@ struct RaggedTiles {
 
 // Part `part` of `parts` of n items split evenly in contiguous ranges [begin, end): the ranges
 // cover [0, n) once, in order; parts past the end get empty ranges. The dot(dO, O) kernel zeroes
-// the dQ scratch this way, one part per CTA (post/bwd_post.cuh).
+// the dQ scratch this way, one part per CTA (cuda/common/bwd_post.cuh).
 struct EvenShare {
   size_t begin, end;
 };

@@ -11,6 +11,7 @@
 #include "common/status.hpp"
 #include "core/segments.hpp"
 #include "cuda/backend.hpp"
+#include "cuda/common/cuda_status.hpp"
 
 namespace raggedattn {
 namespace cuda {
@@ -42,7 +43,8 @@ struct PadParams {
   int32_t batch;
 };
 
-__global__ void __launch_bounds__(kPadThreads) zero_padding_kernel(const __grid_constant__ PadParams p) {
+__global__ void __launch_bounds__(kPadThreads)
+    zero_padding_kernel(const __grid_constant__ PadParams p) {
   const PadSide& s = p.side[blockIdx.y];
   const int64_t r0 = int64_t(blockIdx.x) * kPadRows;
   const int64_t r1 = r0 + kPadRows < s.rows ? r0 + kPadRows : s.rows;
@@ -85,10 +87,7 @@ Status launch(const PadParams& p, void* stream) {
   const int sides = p.side[1].count > 0 ? 2 : 1;
   zero_padding_kernel<<<dim3(unsigned(ctas), unsigned(sides)), kPadThreads, 0,
                         static_cast<cudaStream_t>(stream)>>>(p);
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return Status::Ok();
-  return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: zero_padding: ", cudaGetErrorName(e), ": ",
-                                          cudaGetErrorString(e)));
+  return cuda_status("zero_padding", cudaGetLastError());
 }
 
 Status check_dtype(const Problem& p) {

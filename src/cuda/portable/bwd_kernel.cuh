@@ -12,9 +12,10 @@
 
 #include <type_traits>
 
-#include "cuda/portable/bulk_async.cuh"
-#include "cuda/portable/bwd_common.cuh"
 #include "core/portable_shapes.hpp"
+#include "cuda/common/bulk_async.cuh"
+#include "cuda/common/bwd_work.cuh"
+#include "cuda/portable/warp_mma.cuh"
 
 namespace raggedattn {
 namespace portable {
@@ -39,7 +40,7 @@ __device__ __forceinline__ void rotate_chunks(float2 (&c)[N], int r) {
 
 template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
-    bwd_kernel(const __grid_constant__ BwdParams p) {
+    bwd_kernel(const __grid_constant__ gpu::BwdParams p) {
   constexpr BwdConfig C = bwd_config(DQK, DV);
   constexpr int BM = C.block_m, BN = C.block_n, NW = C.warps, NT = NW * 32;
   // Score tiles [BN keys x BM queries]: warp tile S_KW keys x S_QW queries.
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   static_assert(S_KW % 16 == 0 && S_QW % 16 == 0, "score warp tile");
   static_assert(KV_KW % 16 == 0 && DK_W % 16 == 0 && DV_W % 16 == 0, "dK/dV warp tile");
   static_assert(DQ_QW % 16 == 0 && DQ_W % 16 == 0, "dQ warp tile");
-  using Mma = MmaType<T>;
+  using Mma = gpu::MmaType<T>;
 
   extern __shared__ __align__(128) unsigned char smem[];
   const BwdSmem L = bwd_smem(DQK, DV, p.stages, p.dq_staged);
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   const TileCoord tc = p.kv_tiles.locate(blockIdx.x, p.segs.cu_kv);
   if (tc.segment < 0) return;
   const int b = tc.segment, hk = blockIdx.y;
-  const KeyTileWork w = key_tile_work<BM, BN>(p, tc);
+  const gpu::KeyTileWork w = gpu::key_tile_work<BM, BN>(p, tc);
   const Segment& seg = w.seg;
   const int n0 = w.n0, keys = w.keys, m_first = w.m_first, m_count = w.m_count, n_it = w.steps;
 
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     static_assert(BM <= NT, "one row statistic per thread");
     if (tid < BM) {
       const int r = tid;
-      cp_async_4(s_lse + r, p.lse + (r < valid ? stat + r : 0), r < valid);
-      cp_async_4(s_dp + r, p.dpsum + (r < valid ? stat + r : 0), r < valid);
+      gpu::cp_async_4(s_lse + r, p.lse + (r < valid ? stat + r : 0), r < valid);
+      gpu::cp_async_4(s_dp + r, p.dpsum + (r < valid ? stat + r : 0), r < valid);
     }
   };
   auto load_stage = [&](Step s, int buf) {
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k, p.k_layout.token_stride, keys, tid);
     load_tile_async<BN, DV, NT>(sV, L.v_pitch, v, p.v_layout.token_stride, keys, tid);
     load_stage(Step{hk * p.group, m_start}, 0);
-    cp_async_commit();
+    gpu::cp_async_commit();
   }
 
   const bool ordered = p.locks != nullptr;
@@ -150,9 +151,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   auto flush_dq = [&]() {
 #if __CUDA_ARCH__ >= 900
     if (tid == 0 && dq_pending_rows > 0) {
-      bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + dq_pending, smem + L.dq,
-                      uint32_t(dq_pending_rows * DQK * sizeof(float)));
-      bulk_commit();
+      gpu::bulk_reduce_add(static_cast<float*>(p.dq_accum_ptr) + dq_pending, smem + L.dq,
+                           uint32_t(dq_pending_rows * DQK * sizeof(float)));
+      gpu::bulk_commit();
     }
 #endif
   };
@@ -162,9 +163,9 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     if (p.stages == 1 && it > 0) {
       __syncthreads();  // the single buffer is free once every warp finished step it - 1
       load_stage(step, 0);
-      cp_async_commit();
+      gpu::cp_async_commit();
     }
-    cp_async_wait<0>();
+    gpu::cp_async_wait<0>();
     // Step `it`'s data is in for every thread, and every warp has finished step it - 1: its Q/dO
     // buffer, P^T and dS^T are free to overwrite, and its staged dQ tile is complete.
     __syncthreads();
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
         const int qc0 = s_q0 + f * 8 + 2 * (lane % 4);  // this thread's two query columns
         const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc0);
         const float2 dsum = *reinterpret_cast<const float2*>(s_dp + qc0);
-        const float lse2[2] = {lse.x * kLog2e, lse.y * kLog2e}, dsm[2] = {dsum.x, dsum.y};
+        const float lse2[2] = {lse.x * gpu::kLog2e, lse.y * gpu::kLog2e}, dsm[2] = {dsum.x, dsum.y};
 #pragma unroll
         for (int mf = 0; mf < S_MF; ++mf)
 #pragma unroll
@@ -217,8 +218,8 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
             for (int e = 0; e < 2; ++e) {
               float x = st[mf][f][2 * half + e], dtanh = 1.f;
               if constexpr (kSoftcap) {
-                const float t = fast_tanh(x * (p.scale / p.softcap));
-                x = t * (p.softcap * kLog2e);
+                const float t = gpu::fast_tanh(x * (p.scale / p.softcap));
+                x = t * (p.softcap * gpu::kLog2e);
                 dtanh = 1.f - t * t;
               } else {
                 x *= p.scale_log2;
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
                         ? x
                         : -INFINITY;
               }
-              pr[e] = fast_exp2(x);
+              pr[e] = gpu::fast_exp2(x);
               ds[e] = pr[e] * (dpt[mf][f][2 * half + e] - dsm[e]) * dtanh;
             }
             *reinterpret_cast<uint32_t*>(sPT + kr * L.s_pitch + qc0) = Mma::pack(pr[0], pr[1]);
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
 #if __CUDA_ARCH__ >= 900
     // The staged dQ tile of step it - 1 has been read out (long since: it was issued at the step's
     // start) before anyone writes this step's.
-    if (p.dq_staged && tid == 0) bulk_wait_read();
+    if (p.dq_staged && tid == 0) gpu::bulk_wait_read();
 #endif
     __syncthreads();
 
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
                                                    dv_col0, lane);
     if (prefetch) {
       load_do(next_step(step), (it + 1) & 1);
-      cp_async_commit();
+      gpu::cp_async_commit();
     }
 
     // dQ tile = dS K over this CTA's keys, added into the scratch before dK's product (the order
@@ -270,7 +271,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
                                                   dq_col0, lane);
     if (prefetch) {
       load_q_stats(next_step(step), (it + 1) & 1);
-      cp_async_commit();
+      gpu::cp_async_commit();
     }
 
     int32_t* lock = nullptr;
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       // The key tiles that add into this query tile take turns (MaskSpec::key_tile_turn), so
       // every run sums alike.
       const int expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
-      lock = dq_tile_lock<BM>(p, b, seg, h, m_tile);
+      lock = gpu::dq_tile_lock<BM>(p, b, seg, h, m_tile);
       if (tid == 0) {
         while (atomicAdd(lock, 0) != expected) __nanosleep(64);
         __threadfence();
@@ -327,7 +328,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
             *reinterpret_cast<float2*>(srow + dq_stage_chunk(k, r, NC) * 8) = c[k];
           }
         }
-      fence_proxy_async_smem();  // visible to the bulk copy (async proxy) after the barrier
+      gpu::fence_proxy_async_smem();  // visible to the bulk copy (async proxy) after the barrier
       dq_pending = dq_head + int64_t(m0) * DQK;
       dq_pending_rows = min(BM, seg.len_q - m0);
     }
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
         for (int half = 0; half < 2; ++half) {
           const int r = mf * 16 + 8 * half;
           if (i0 + r < seg.len_q) {
-            add_dq_fragments<T, kF32, decltype(in_turn)::value>(dst + r * DQK, dq[mf], half);
+            gpu::add_dq_fragments<T, kF32, decltype(in_turn)::value>(dst + r * DQK, dq[mf], half);
           }
         }
     };
@@ -376,7 +377,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   if (p.dq_staged && n_it > 0) {
     __syncthreads();  // the last step's staged dQ tile is complete
     flush_dq();
-    if (tid == 0) bulk_wait_done();  // the additions are performed before the CTA ends
+    if (tid == 0) gpu::bulk_wait_done();  // the additions are performed before the CTA ends
   }
 #endif
 

@@ -7,9 +7,9 @@
 #pragma once
 
 #include "core/portable_shapes.hpp"
-#include "cuda/portable/fwd_common.cuh"
-#include "cuda/portable/math.cuh"
-#include "cuda/portable/params.hpp"
+#include "cuda/common/fwd_work.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/common/params.hpp"
 #include "cuda/portable/warp_mma.cuh"
 
 namespace raggedattn {
@@ -17,7 +17,7 @@ namespace portable {
 
 template <class T, int DQK, int DV>
 __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
-    fwd_kernel(const __grid_constant__ FwdParams p) {
+    fwd_kernel(const __grid_constant__ gpu::FwdParams p) {
   constexpr FwdConfig C = fwd_config(DQK, DV);
   constexpr int BM = C.block_m, BN = C.block_n, NT = C.warps * 32;
   constexpr int WM = BM / C.warps;  // query rows per warp
@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   constexpr int OF = DV / 8;        // n8 fragments of the output
   constexpr FwdSmem L = fwd_smem(DQK, DV);
   static_assert(WM % 16 == 0 && BN % 16 == 0 && DQK % 16 == 0 && DV % 16 == 0, "tile shapes");
-  using Mma = MmaType<T>;
+  using Mma = gpu::MmaType<T>;
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem + L.q);
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   const TileCoord tc = p.tiles.locate(gridDim.x - 1 - blockIdx.x, p.segs.cu_q);
   if (tc.segment < 0) return;
   const int h = blockIdx.y, hk = h / p.group;
-  const QueryTileWork w = query_tile_work<BM>(p, tc);
+  const gpu::QueryTileWork w = gpu::query_tile_work<BM>(p, tc);
   const Segment seg = w.seg;
   const int m0 = w.m0, rows = w.rows, key_lo = w.key_lo, key_hi = w.key_hi;
 
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   const int64_t o_stride = p.o_layout.token_stride;
 
   if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-    write_unseen_tile<T, DV>(p, w, h, tid, NT);
+    gpu::write_unseen_tile<T, DV>(p, w, h, tid, NT);
     return;
   }
 
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   load_tile_async<BM, DQK, NT>(sQ, L.q_pitch, q, p.q_layout.token_stride, rows, tid);
   load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k + int64_t(n_first) * BN * k_stride, k_stride,
                                seg.len_kv - n_first * BN, tid);
-  cp_async_commit();
+  gpu::cp_async_commit();
 
   float acc_o[MF][OF][4];
   float row_max[MF][2], row_sum[MF][2];
@@ -78,11 +78,11 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
 
   for (int n = n_first; n <= n_last; ++n) {
     const int n0 = n * BN;
-    cp_async_wait<0>();
+    gpu::cp_async_wait<0>();
     __syncthreads();  // K_n is in; every warp is done with V_{n-1}
     load_tile_async<BN, DV, NT>(sV, L.v_pitch, v + int64_t(n0) * v_stride, v_stride,
                                 seg.len_kv - n0, tid);
-    cp_async_commit();
+    gpu::cp_async_commit();
 
     float s[MF][NF][4];
     zero(s);
@@ -93,13 +93,13 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
     // unscaled scores, the factor being positive), as the Hopper forward does.
     float to_log2 = p.scale_log2;
     if (p.softcap > 0.f) {
-      const float pre = p.scale / p.softcap, post = p.softcap * kLog2e;
+      const float pre = p.scale / p.softcap, post = p.softcap * gpu::kLog2e;
 #pragma unroll
       for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
         for (int f = 0; f < NF; ++f)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mf][f][e] = fast_tanh(s[mf][f][e] * pre) * post;
+          for (int e = 0; e < 4; ++e) s[mf][f][e] = gpu::fast_tanh(s[mf][f][e] * pre) * post;
       to_log2 = 1.f;
     }
     if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
@@ -129,16 +129,16 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
 #pragma unroll
         for (int f = 0; f < NF; ++f)
           mx = fmaxf(mx, fmaxf(s[mf][f][2 * half], s[mf][f][2 * half + 1]));
-        mx = fmaxf(row_max[mf][half], quad_max(mx) * to_log2);
+        mx = fmaxf(row_max[mf][half], gpu::quad_max(mx) * to_log2);
         const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-        const float alpha = fast_exp2(row_max[mf][half] - base);
+        const float alpha = gpu::fast_exp2(row_max[mf][half] - base);
         row_max[mf][half] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int f = 0; f < NF; ++f)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pr = fast_exp2(fmaf(s[mf][f][2 * half + e], to_log2, -base));
+            const float pr = gpu::fast_exp2(fmaf(s[mf][f][2 * half + e], to_log2, -base));
             s[mf][f][2 * half + e] = pr;
             sum += pr;
           }
@@ -150,12 +150,12 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
         }
       }
 
-    cp_async_wait<0>();
+    gpu::cp_async_wait<0>();
     __syncthreads();  // V_n is in; every warp is done with K_n
     if (n < n_last) {
       load_tile_async<BN, DQK, NT>(sK, L.k_pitch, k + int64_t(n0 + BN) * k_stride, k_stride,
                                    seg.len_kv - n0 - BN, tid);
-      cp_async_commit();
+      gpu::cp_async_commit();
     }
 
     // O += P V, P from the score registers.
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float l = quad_sum(row_sum[mf][half]);
+      const float l = gpu::quad_sum(row_sum[mf][half]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int r = wm0 + mf * 16 + lane / 4 + 8 * half;
       T* srow = sO + r * L.q_pitch + 2 * (lane % 4);
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
             Mma::pack(acc_o[mf][f][2 * half] * inv, acc_o[mf][f][2 * half + 1] * inv);
       }
       if (lane % 4 == 0 && r < rows) {
-        lse[r] = l > 0.f ? row_max[mf][half] * kLn2 + logf(l) : -INFINITY;
+        lse[r] = l > 0.f ? row_max[mf][half] * gpu::kLn2 + logf(l) : -INFINITY;
       }
     }
   __syncwarp();

@@ -3,18 +3,18 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/portable/params.hpp"
+#include "cuda/common/params.hpp"
 #include "plan/plan_data.hpp"
 
 namespace raggedattn {
 namespace portable {
 
 template <class T, int DQK, int DV>
-cudaError_t launch_fwd(const FwdParams& p, const LaunchShape& shape, int heads_q,
+cudaError_t launch_fwd(const gpu::FwdParams& p, const LaunchShape& shape, int heads_q,
                        cudaStream_t stream);
 
 template <class T, int DQK, int DV>
-cudaError_t launch_bwd(const BwdParams& p, const LaunchShape& shape, int heads_kv,
+cudaError_t launch_bwd(const gpu::BwdParams& p, const LaunchShape& shape, int heads_kv,
                        cudaStream_t stream);
 
 }  // namespace portable

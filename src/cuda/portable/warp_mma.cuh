@@ -1,4 +1,5 @@
-// Warp-level building blocks of the sm80+ kernels: async copies, ldmatrix, mma.sync m16n8k16.
+// Warp-level matrix products of the portable (sm80+) kernels: mma.sync m16n8k16, its fragment
+// loaders and warp tiles (the shared primitives they use: cuda/common/warp.cuh).
 //
 // Fragment conventions (PTX ISA, mma.m16n8k16 with .row.col), per lane l, g = l / 4, t = l % 4:
 //   A (16x16, m x k): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 =
@@ -14,33 +15,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/warp.cuh"
+
 namespace raggedattn {
 namespace portable {
-
-template <class T>
-struct MmaType;
-template <>
-struct MmaType<__nv_bfloat16> {
-  using Pair = __nv_bfloat162;
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-  }
-};
-template <>
-struct MmaType<__half> {
-  using Pair = __half2;
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t v) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  }
-};
 
 // c += a * b, fp32 accumulation.
 template <class T>
@@ -61,39 +39,6 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], const uint32_t a[4], con
   }
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// 16-byte global -> shared copy; `valid == false` fills the 16 bytes with zeros instead.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
-}
-// 4-byte variant (row statistics); zero fill when invalid.
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Fragment loaders. `base` points at a [rows][pitch] tile of 16-bit elements in shared memory.
 
 // A fragment (16x16) of a row-major [m][k] tile at (m0, k0).
@@ -101,7 +46,7 @@ __device__ __forceinline__ void load_a(uint32_t a[4], const void* base, int pitc
                                        int lane) {
   const auto* p =
       static_cast<const uint16_t*>(base) + (m0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8;
-  ldmatrix_x4(a, smem_addr(p));
+  gpu::ldmatrix_x4(a, gpu::smem_addr(p));
 }
 // A fragment (16x16) of A = S^T where S is stored row-major [k][m]: element A[m][k] = S[k][m].
 __device__ __forceinline__ void load_a_trans(uint32_t a[4], const void* base, int pitch, int m0,
@@ -109,7 +54,7 @@ __device__ __forceinline__ void load_a_trans(uint32_t a[4], const void* base, in
   const int idx = lane >> 3;
   const auto* p = static_cast<const uint16_t*>(base) + (k0 + (lane & 7) + (idx >> 1) * 8) * pitch +
                   m0 + (idx & 1) * 8;
-  ldmatrix_x4_trans(a, smem_addr(p));
+  gpu::ldmatrix_x4_trans(a, gpu::smem_addr(p));
 }
 // Two B fragments (k16 x n8 each, n-tiles n0 and n0+8) of B = N^T where N is stored [n][k]
 // (keys for Q K^T). b[0], b[1]: n-tile n0; b[2], b[3]: n-tile n0 + 8.
@@ -118,7 +63,7 @@ __device__ __forceinline__ void load_b_nk(uint32_t b[4], const void* base, int p
   const int idx = lane >> 3;
   const auto* p = static_cast<const uint16_t*>(base) + (n0 + (lane & 7) + (idx >> 1) * 8) * pitch +
                   k0 + (idx & 1) * 8;
-  ldmatrix_x4(b, smem_addr(p));
+  gpu::ldmatrix_x4(b, gpu::smem_addr(p));
 }
 // Two B fragments of B stored [k][n] (V for P V). Same register order as load_b_nk.
 __device__ __forceinline__ void load_b_kn(uint32_t b[4], const void* base, int pitch, int n0,
@@ -126,7 +71,7 @@ __device__ __forceinline__ void load_b_kn(uint32_t b[4], const void* base, int p
   const int idx = lane >> 3;
   const auto* p = static_cast<const uint16_t*>(base) + (k0 + (lane & 7) + (idx & 1) * 8) * pitch +
                   n0 + (idx >> 1) * 8;
-  ldmatrix_x4_trans(b, smem_addr(p));
+  gpu::ldmatrix_x4_trans(b, gpu::smem_addr(p));
 }
 
 // Copies rows [0, rows) of a [tokens, heads, dim] tile (head fixed) into shared memory with a
@@ -149,7 +94,7 @@ __device__ __forceinline__ void load_tile_async(void* smem, int pitch, const T* 
 #pragma unroll
     for (int k = 0; k < ROWS / kRowStep; ++k) {
       const bool ok = r0 + k * kRowStep < valid;
-      cp_async_16(dst + k * kRowStep * pitch, ok ? src : gmem_row0, ok);
+      gpu::cp_async_16(dst + k * kRowStep * pitch, ok ? src : gmem_row0, ok);
       src += src_step;
     }
   } else {
@@ -158,34 +103,10 @@ __device__ __forceinline__ void load_tile_async(void* smem, int pitch, const T* 
       const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
       const bool ok = r < valid;
       const T* src = ok ? gmem_row0 + r * token_stride + col : gmem_row0;
-      cp_async_16(static_cast<uint16_t*>(smem) + r * pitch + col, src, ok);
+      gpu::cp_async_16(static_cast<uint16_t*>(smem) + r * pitch + col, src, ok);
     }
   }
 }
-
-// Barrier `id` (1..15; 0 is __syncthreads) among `count` threads of the CTA, a multiple of 32.
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// Arrives at barrier `id` without waiting (the other `count` - 32k threads sync on it).
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-}  // namespace portable
-}  // namespace raggedattn
-
-namespace raggedattn {
-namespace portable {
 
 // acc[MF][NF] (a warp tile of (16 MF) x (8 NF), fp32) += A(rows m0.., k) * B(k, cols n0..) for
 // k in [0, K). A is read row-major [m][k] (A_TRANS: stored [k][m]); B is stored [n][k] (B_KN:

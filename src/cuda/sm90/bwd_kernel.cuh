@@ -34,7 +34,7 @@
 
 #include <type_traits>
 
-#include "cuda/portable/bwd_common.cuh"
+#include "cuda/common/bwd_work.cuh"
 #include "core/sm90_shapes.hpp"
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_ops.hpp"
@@ -42,7 +42,7 @@
 namespace raggedattn {
 namespace sm90 {
 
-using portable::BwdParams;
+using gpu::BwdParams;
 
 // The kernel's parameters: the shared backward parameters and the TMA maps (tensor_map.hpp).
 struct BwdTmaParams {
@@ -73,7 +73,7 @@ __device__ __forceinline__ void accumulate_rs(float (&acc)[N / 8][4], const uint
 template <bool kSoftcap>
 __device__ __forceinline__ float2 prob_factor(const BwdParams& p, float t, float lse2, bool seen) {
   if constexpr (kSoftcap) {
-    const float pr = portable::capped_prob(p, t, lse2, seen);
+    const float pr = gpu::capped_prob(p, t, lse2, seen);
     return make_float2(pr, pr * (1.f - t * t));
   } else {
     return make_float2(t, t);
@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   static_assert(bwd_supports(DQK, DV), "the head dims of bwd_columns");
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
   static_assert(BM == DqAccumLayout::kTileRows, "a query step's dQ is one tile of the scratch");
-  using Mma = portable::MmaType<T>;
-  using portable::smem_addr;
+  using Mma = gpu::MmaType<T>;
+  using gpu::smem_addr;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const TileCoord tc = at.tc;
   if (tc.segment < 0) return;
   const int b = tc.segment, hk = at.head;
-  const portable::KeyTileWork w = portable::key_tile_work<BM, BN>(p, tc);
+  const gpu::KeyTileWork w = gpu::key_tile_work<BM, BN>(p, tc);
   const Segment& seg = w.seg;
   const int n0 = w.n0, keys = w.keys, m_first = w.m_first, n_it = w.steps;
 
@@ -227,17 +227,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
         for (int r = lane; r < BM; r += 32) {
           const bool ok = r < valid;
-          portable::cp_async_4(s_lse + r, p.lse + (ok ? stat + r : 0), ok);
-          portable::cp_async_4(s_dp + r, p.dpsum + (ok ? stat + r : 0), ok);
+          gpu::cp_async_4(s_lse + r, p.lse + (ok ? stat + r : 0), ok);
+          gpu::cp_async_4(s_dp + r, p.dpsum + (ok ? stat + r : 0), ok);
         }
-        portable::cp_async_commit();
+        gpu::cp_async_commit();
         if (valid < BM) {
           mbar_wait(partial, partial_uses++ & 1);
           zero_rows(q_dst, BM, DQK / PANEL, valid);
           zero_rows(do_dst, BM, DV / PANEL, valid);
           __syncwarp();  // every lane has seen the phase before lane 0 can start the next
         }
-        portable::cp_async_wait<0>();  // this lane's statistics have landed
+        gpu::cp_async_wait<0>();  // this lane's statistics have landed
         fence_proxy_async_smem();
         if (it == 0) mbar_arrive(kv_full);
         mbar_arrive(&full[s]);
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         int expected = 0;
         if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
           expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
-          lock = portable::dq_tile_lock<BM>(p, b, seg, h, m_tile);
+          lock = gpu::dq_tile_lock<BM>(p, b, seg, h, m_tile);
           while (atomicAdd(lock, 0) != expected) __nanosleep(64);
           __threadfence();
         }
@@ -472,10 +472,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           }
           // The queries this thread's two key rows see, made only for a step the mask does not
           // leave whole (`full`, the same for the warpgroup).
-          portable::KeyRowMask km[2] = {};
+          gpu::KeyRowMask km[2] = {};
           if (!full) {
-            km[0] = portable::key_row_mask(p.mask, n0 + row_a, seg);
-            km[1] = portable::key_row_mask(p.mask, n0 + row_a + 8, seg);
+            km[0] = gpu::key_row_mask(p.mask, n0 + row_a, seg);
+            km[1] = gpu::key_row_mask(p.mask, n0 + row_a + 8, seg);
           }
           // P^T without a branch per element: a whole step takes the exponentials alone; another
           // sends its hidden scores to exp2(-inf) = 0.
@@ -485,14 +485,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             for (int f = 0; f < BM / 8; ++f) {
               const int qc = f * 8 + 2 * (lane % 4);
               const float2 lse = *reinterpret_cast<const float2*>(s_lse + qc);
-              const float lse2[2] = {lse.x * portable::kLog2e, lse.y * portable::kLog2e};
+              const float lse2[2] = {lse.x * gpu::kLog2e, lse.y * gpu::kLog2e};
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
                 float x = st[f][e] * p.scale_log2 - lse2[e % 2];
                 if constexpr (kMasked) {
                   x = km[e / 2].sees(m0 + qc + e % 2) ? x : -INFINITY;
                 }
-                st[f][e] = portable::fast_exp2(x);
+                st[f][e] = gpu::fast_exp2(x);
               }
             }
           };
@@ -500,7 +500,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
             for (int f = 0; f < BM / 8; ++f)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) st[f][e] = portable::capped_tanh(p, st[f][e]);
+              for (int e = 0; e < 4; ++e) st[f][e] = gpu::capped_tanh(p, st[f][e]);
           } else if (full) {
             probs(std::false_type{});
           } else {
@@ -518,8 +518,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
               float2 lse2 = make_float2(0.f, 0.f);
               if constexpr (kSoftcap) {
                 lse2 = *reinterpret_cast<const float2*>(s_lse + qc);
-                lse2.x *= portable::kLog2e;
-                lse2.y *= portable::kLog2e;
+                lse2.x *= gpu::kLog2e;
+                lse2.y *= gpu::kLog2e;
               }
 #pragma unroll
               for (int half = 0; half < 2; ++half) {
@@ -547,8 +547,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             float2 lse2 = make_float2(0.f, 0.f);
             if constexpr (kSoftcap) {
               lse2 = *reinterpret_cast<const float2*>(s_lse + qc);
-              lse2.x *= portable::kLog2e;
-              lse2.y *= portable::kLog2e;
+              lse2.x *= gpu::kLog2e;
+              lse2.y *= gpu::kLog2e;
             }
 #pragma unroll
             for (int half = 0; half < 2; ++half) {

@@ -1,14 +1,14 @@
 // The Hopper backward's entry point (compiled for sm_90a only): the shared launch sequence
-// (cuda/bwd_sequence.hpp) with the wgmma main kernel.
+// (cuda/common/bwd_sequence.hpp) with the wgmma main kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
-#include "cuda/bwd_sequence.hpp"
-#include "cuda/dispatch_dims.cuh"
-#include "cuda/launch_kernel.cuh"
+#include "cuda/common/bwd_sequence.hpp"
+#include "cuda/common/dispatch_dims.cuh"
+#include "cuda/common/launch_kernel.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
 #include "cuda/sm90/schedule.cuh"
 #include "cuda/sm90/tensor_map.hpp"
@@ -55,7 +55,7 @@ RATTN_DEFINE_DIMS_DISPATCH(dispatch, RATTN_SM90_BWD_HEAD_DIMS)
 
 // `ctx`: the kernel's parameters with the TMA maps made by sm90_backward before the launch
 // sequence (run_backward's context); the launch adds the sequence's BwdParams.
-cudaError_t launch(const portable::BwdParams& p, const PlanData& d, const void* ctx,
+cudaError_t launch(const gpu::BwdParams& p, const PlanData& d, const void* ctx,
                    cudaStream_t s) {
   sm90::BwdTmaParams a = *static_cast<const sm90::BwdTmaParams*>(ctx);
   a.p = p;

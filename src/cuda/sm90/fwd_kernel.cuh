@@ -29,10 +29,10 @@
 // are the portable forward's; only the matrix products and the shared-memory layout differ.
 #pragma once
 
-#include "cuda/portable/fwd_common.cuh"
-#include "cuda/portable/math.cuh"
-#include "cuda/portable/params.hpp"
-#include "cuda/portable/warp_mma.cuh"
+#include "cuda/common/fwd_work.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/common/params.hpp"
+#include "cuda/common/warp.cuh"
 #include "core/sm90_shapes.hpp"
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_ops.hpp"
@@ -40,7 +40,7 @@
 namespace raggedattn {
 namespace sm90 {
 
-using portable::FwdParams;
+using gpu::FwdParams;
 
 // The kernels' parameters: the shared forward parameters, the TMA maps (tensor_map.hpp) and, for
 // the persistent kernel, the work items' extent (the Plan's LaunchShape) and counter (the
@@ -202,7 +202,7 @@ __device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigne
 // Returns the number of K/V tiles consumed.
 template <class T, int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* smem,
-                                           const portable::QueryTileWork& w, int h, int g,
+                                           const gpu::QueryTileWork& w, int h, int g,
                                            int q_buf, const KvRing& ring, uint64_t* q_empty) {
   constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
@@ -213,18 +213,18 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
   static_assert(DV == 64 || DV == 128 || DV == 256, "P V is one m64nDV instruction per 16 keys");
   static_assert(BN == 64 || BN == 128, "S is one m64n(BN) instruction per 16 head-dim columns");
-  using Mma = portable::MmaType<T>;
+  using Mma = gpu::MmaType<T>;
 
   const int tid = threadIdx.x, lane = tid % 32;
   // The consumer warpgroup, read through a shuffle from lane 0 so that the compiler knows it is
   // warp-uniform: the Q descriptors made from it then stay in uniform registers.
   const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0), warp_in_wg = (tid % 128) / 32;
-  const uint32_t q_addr = portable::smem_addr(smem + L.q + q_buf * L.q_stage);
-  const uint32_t k_addr = portable::smem_addr(smem + L.k);
-  const uint32_t v_addr = portable::smem_addr(smem + L.v);
+  const uint32_t q_addr = gpu::smem_addr(smem + L.q + q_buf * L.q_stage);
+  const uint32_t k_addr = gpu::smem_addr(smem + L.k);
+  const uint32_t v_addr = gpu::smem_addr(smem + L.v);
   const Segment seg = w.seg;
   const int m0 = w.m0, rows = w.rows;
-  const TileSpan kt = portable::key_tiles<BN>(w);
+  const TileSpan kt = gpu::key_tiles<BN>(w);
   const int n_first = kt.first, n_tiles = kt.count;
   T* o = static_cast<T*>(p.o) + p.o_layout.offset(seg.q_row0 + m0, h);
   float* lse = p.lse + p.stats.offset(h, seg.q_row0 + m0);
@@ -252,7 +252,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     const int q_row = cw * 64 + warp_in_wg * 16 + lane % 16;
 #pragma unroll
     for (int kk = 0; kk < kQRegSteps; ++kk) {
-      portable::ldmatrix_x4(qa[kk], q_addr + swizzled_offset(BM, q_row, 2 * kk + lane / 16));
+      gpu::ldmatrix_x4(qa[kk], q_addr + swizzled_offset(BM, q_row, 2 * kk + lane / 16));
     }
   }
   // This consumer's rows inside the segment (none: a segment's last tile of at most 64 rows, for
@@ -333,11 +333,11 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     const int n0 = (n_first + i) * BN;
     float to_log2 = p.scale_log2;
     if (p.softcap > 0.f) {
-      const float pre = p.scale / p.softcap, post = p.softcap * portable::kLog2e;
+      const float pre = p.scale / p.softcap, post = p.softcap * gpu::kLog2e;
 #pragma unroll
       for (int f = 0; f < NF; ++f)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[f][e] = portable::fast_tanh(sc[f][e] * pre) * post;
+        for (int e = 0; e < 4; ++e) sc[f][e] = gpu::fast_tanh(sc[f][e] * pre) * post;
       to_log2 = 1.f;
     }
     if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
@@ -360,16 +360,16 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
       float mx = -INFINITY;
 #pragma unroll
       for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
-      mx = fmaxf(row_max[half], portable::quad_max(mx) * to_log2);
+      mx = fmaxf(row_max[half], gpu::quad_max(mx) * to_log2);
       const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-      alpha[half] = portable::fast_exp2(row_max[half] - base);
+      alpha[half] = gpu::fast_exp2(row_max[half] - base);
       row_max[half] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int f = 0; f < NF; ++f)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pr = portable::fast_exp2(fmaf(sc[f][2 * half + e], to_log2, -base));
+          const float pr = gpu::fast_exp2(fmaf(sc[f][2 * half + e], to_log2, -base));
           sc[f][2 * half + e] = pr;
           sum += pr;
         }
@@ -506,11 +506,11 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   float inv[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const float l = portable::quad_sum(row_sum[half]);
+    const float l = gpu::quad_sum(row_sum[half]);
     inv[half] = l > 0.f ? 1.f / l : 0.f;
     const int r = row_a + 8 * half;
     if (r < rows && lane % 4 == 0) {
-      lse[r] = l > 0.f ? row_max[half] * portable::kLn2 + logf(l) : -INFINITY;
+      lse[r] = l > 0.f ? row_max[half] * gpu::kLn2 + logf(l) : -INFINITY;
     }
   }
   if constexpr (!kStageO) {
@@ -590,15 +590,15 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const TileCoord tc = args.schedule[slot.tile];
   if (tc.segment < 0) return;
   const int h = slot.head, hk = h / p.group;
-  const portable::QueryTileWork w = portable::query_tile_work<BM>(p, tc);
+  const gpu::QueryTileWork w = gpu::query_tile_work<BM>(p, tc);
   const Segment seg = w.seg;
   const int m0 = w.m0, key_lo = w.key_lo, key_hi = w.key_hi;
 
   if (key_lo >= key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-    portable::write_unseen_tile<T, DV>(p, w, h, tid, kFwdThreads);
+    gpu::write_unseen_tile<T, DV>(p, w, h, tid, kFwdThreads);
     return;
   }
-  const TileSpan kt = portable::key_tiles<BN>(w);
+  const TileSpan kt = gpu::key_tiles<BN>(w);
   const int n_first = kt.first, n_tiles = kt.count;
 
   if (tid == 0) {
@@ -677,7 +677,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // of their time on docs_short_32k (PERFORMANCE.md item 47).
   const int64_t work_tiles = args.work_tiles, n_work = work_tiles * args.heads;
   struct Item {
-    portable::QueryTileWork w;
+    gpu::QueryTileWork w;
     int h;
     bool valid;  // producer: false, the index falls in a gap; consumers: false, no more work
   };
@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     it.h = int(rest / work_tiles) * p.group + int(wi % p.group);
     const TileCoord tc = args.schedule[rest % work_tiles];
     it.valid = tc.segment >= 0;
-    if (it.valid) it.w = portable::query_tile_work<BM>(p, tc);
+    if (it.valid) it.w = gpu::query_tile_work<BM>(p, tc);
     return it;
   };
 
@@ -752,7 +752,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       }
       ++t;
       if (!seen) continue;
-      const TileSpan kt = portable::key_tiles<BN>(it.w);
+      const TileSpan kt = gpu::key_tiles<BN>(it.w);
       for (int i = 0; i < kt.count; ++i, ++g) {
         fwd_produce_kv<DQK, DV, true>(args, smem, ring, g, seg, hk, (kt.first + i) * BN, partial,
                                       partial_uses);
@@ -784,7 +784,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       break;
     }
     if (it.w.key_lo >= it.w.key_hi) {  // no row of this tile sees a key: O = 0, LSE = -inf
-      portable::write_unseen_tile<T, DV>(p, it.w, it.h, tid - 128, 128 * C.consumers);
+      gpu::write_unseen_tile<T, DV>(p, it.w, it.h, tid - 128, 128 * C.consumers);
       mbar_arrive(&q_empty[b]);
       continue;
     }

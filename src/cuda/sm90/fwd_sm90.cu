@@ -5,8 +5,9 @@
 
 #include "common/status.hpp"
 #include "cuda/backend.hpp"
-#include "cuda/dispatch_dims.cuh"
-#include "cuda/launch_kernel.cuh"
+#include "cuda/common/cuda_status.hpp"
+#include "cuda/common/dispatch_dims.cuh"
+#include "cuda/common/launch_kernel.cuh"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/schedule.cuh"
 #include "cuda/sm90/tensor_map.hpp"
@@ -57,7 +58,7 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
                          ", head_dim_v=", pr.head_dim_v);
   }
   sm90::FwdTmaParams a{};
-  a.p = portable::make_fwd_params(d, t);
+  a.p = gpu::make_fwd_params(d, t);
   a.work_tiles = d.fwd.tiles;
   a.heads = pr.num_heads_q;
   a.work_counter = d.fwd_ws.work_counter.in<unsigned long long>(workspace);
@@ -86,9 +87,7 @@ Status sm90_forward(const PlanData& d, const FwdTensors& t, void* workspace, voi
   if (e == cudaSuccess) {
     e = dispatch(pr, FwdLauncher{a, d, s});
   }
-  if (e == cudaSuccess) return Status::Ok();
-  return Status(RATTN_ERROR_CUDA, str_cat("raggedattn: forward (sm90): ", cudaGetErrorName(e), ": ",
-                                          cudaGetErrorString(e)));
+  return cuda_status("forward (sm90)", e);
 }
 
 }  // namespace cuda

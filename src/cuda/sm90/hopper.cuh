@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "cuda/portable/bulk_async.cuh"
-#include "cuda/portable/warp_mma.cuh"
+#include "cuda/common/bulk_async.cuh"
+#include "cuda/common/warp.cuh"
 #include "core/sm90_shapes.hpp"
 #include "cuda/sm90/descriptor.hpp"
 
@@ -22,7 +22,7 @@ namespace sm90 {
 // backward and the persistent forward use it; the grid forward keeps the round trip (see
 // fwd_kernel.cuh).
 __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
-  const uint32_t misalign = portable::smem_addr(raw) % uint32_t(kSmemAlign);
+  const uint32_t misalign = gpu::smem_addr(raw) % uint32_t(kSmemAlign);
   return raw + (misalign == 0 ? 0 : uint32_t(kSmemAlign) - misalign);
 }
 
@@ -55,24 +55,24 @@ __device__ __forceinline__ void wgmma_wait() {
 // The proxy fences and bulk reduce-adds (plain sm_90, shared with the portable backward's sm_90
 // build): fence_proxy_async_smem makes this thread's generic-proxy shared-memory writes (cp.async
 // included) visible to the async proxy that wgmma and TMA read through (a CTA barrier must follow).
-using portable::bulk_commit;
-using portable::bulk_reduce_add;
-using portable::bulk_store;
-using portable::bulk_wait_done;
-using portable::bulk_wait_read;
-using portable::fence_proxy_async_global;
-using portable::fence_proxy_async_smem;
+using gpu::bulk_commit;
+using gpu::bulk_reduce_add;
+using gpu::bulk_store;
+using gpu::bulk_wait_done;
+using gpu::bulk_wait_read;
+using gpu::fence_proxy_async_global;
+using gpu::fence_proxy_async_smem;
 
 // mbarrier (shared memory, CTA scope): a phase completes when `count` arrivals have happened.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(portable::smem_addr(bar)),
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gpu::smem_addr(bar)),
                "r"(count));
 }
 // Arrival with release semantics: this thread's earlier writes are visible to whoever completes
 // a wait on the phase.
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-                   portable::smem_addr(bar))
+                   gpu::smem_addr(bar))
                : "memory");
 }
 // Waits until the phase of parity `parity` has completed (acquire).
@@ -80,7 +80,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_%=:\n"
       "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(portable::smem_addr(bar)),
+      "@!done bra WAIT_%=;\n}\n" ::"r"(gpu::smem_addr(bar)),
       "r"(parity)
       : "memory");
 }
@@ -89,7 +89,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // complete_tx on it); issue before the copies.
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile(
-      "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(portable::smem_addr(bar)),
+      "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(gpu::smem_addr(bar)),
       "r"(bytes)
       : "memory");
 }
@@ -100,8 +100,8 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
                                             int c2, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(portable::smem_addr(smem)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(portable::smem_addr(bar))
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(gpu::smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(gpu::smem_addr(bar))
       : "memory");
 }
 
@@ -115,8 +115,8 @@ __device__ __forceinline__ void red_add(__half* g, uint32_t ab, uint32_t cd) {
   asm volatile("red.global.add.noftz.v2.f16x2 [%0], {%1, %2};\n" ::"l"(g), "r"(ab), "r"(cd));
 }
 
-using portable::named_barrier_arrive;  // named barriers: warp_mma.cuh
-using portable::named_barrier_sync;
+using gpu::named_barrier_arrive;  // named barriers: cuda/common/warp.cuh
+using gpu::named_barrier_sync;
 
 // Warpgroup register reallocation: producers give registers back, consumers take them.
 template <int N>

@@ -7,7 +7,7 @@
 // segments only, which stay in L2. Inside a segment, tile by tile with its KV heads together
 // where the segment has at most `interleave_rows` query rows (BwdWorkspace::interleave_rows),
 // KV head by KV head otherwise (schedule_slot). A CTA's work is
-// its key tile's query steps (portable::key_tile_work: the same function the main kernel loops
+// its key tile's query steps (gpu::key_tile_work: the same function the main kernel loops
 // over); a segment's is that of its first key tile, the one that sees the most query rows under
 // causal masking. The grid's plain order (segment by segment, KV head by KV head) left heavy tiles
 // of later segments for the last wave; sorting the tiles themselves by their step count (item 29)
@@ -25,9 +25,9 @@
 // doubled): every Hopper suite, which runs outside deterministic mode, would fail.
 #pragma once
 
-#include "cuda/portable/bwd_common.cuh"
-#include "cuda/portable/fwd_common.cuh"
-#include "cuda/portable/params.hpp"
+#include "cuda/common/bwd_work.cuh"
+#include "cuda/common/fwd_work.cuh"
+#include "cuda/common/params.hpp"
 
 namespace raggedattn {
 namespace sm90 {
@@ -103,13 +103,13 @@ __device__ __forceinline__ void lpt_sort(int n, TileAt tile_at, WorkOf work_of, 
 
 template <int BM, int BN>
 __global__ void __launch_bounds__(kScheduleThreads)
-    bwd_lpt_schedule(const portable::BwdParams p, HeadTile* order, int n, int heads,
+    bwd_lpt_schedule(const gpu::BwdParams p, HeadTile* order, int n, int heads,
                      int64_t interleave_rows) {
   lpt_sort(
       n, [&](int x) { return p.kv_tiles.locate(x, p.segs.cu_kv); },
       // A key tile's work: its segment's steps (those of the segment's first key tile).
       [&](const TileCoord& tc) {
-        return portable::key_tile_work<BM, BN>(p, TileCoord{tc.segment, 0}).m_count;
+        return gpu::key_tile_work<BM, BN>(p, TileCoord{tc.segment, 0}).m_count;
       },
       [&](const TileCoord& tc, int pos) {
         // A gap's index stands alone (its CTAs return at once): a segment of one tile.
@@ -128,15 +128,15 @@ __global__ void __launch_bounds__(kScheduleThreads)
 // wave, or the persistent kernel's last items, are the lightest tiles), ties in tile-map order.
 // Both forward kernels take their tiles from it (the grid kernel's x, the persistent kernel's
 // items), so their KV heads still run one after the other and a tile's GQA group together. A
-// query tile's work is its key tiles (portable::key_tiles of query_tile_work: the count its
+// query tile's work is its key tiles (gpu::key_tiles of query_tile_work: the count its
 // producer and consumers loop over); a gap's index or a tile that sees no key counts as none.
 template <int BM, int BN>
 __global__ void __launch_bounds__(kScheduleThreads)
-    fwd_lpt_schedule(const portable::FwdParams p, TileCoord* order, int n) {
+    fwd_lpt_schedule(const gpu::FwdParams p, TileCoord* order, int n) {
   lpt_sort(
       n, [&](int x) { return p.tiles.locate(x, p.segs.cu_q); },
       [&](const TileCoord& tc) {
-        return portable::key_tiles<BN>(portable::query_tile_work<BM>(p, tc)).count;
+        return gpu::key_tiles<BN>(gpu::query_tile_work<BM>(p, tc)).count;
       },
       [&](const TileCoord& tc, int pos) { order[pos] = tc; });
 }

@@ -14,7 +14,7 @@
 #include "plan/plan_data.hpp"
 
 namespace raggedattn {
-namespace portable {
+namespace gpu {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -132,5 +132,5 @@ inline BwdParams make_bwd_params(const PlanData& d, const BwdTensors& t, void* w
   return p;
 }
 
-}  // namespace portable
+}  // namespace gpu
 }  // namespace raggedattn

@@ -3,10 +3,10 @@
 // the outputs of a tile that sees none.
 #pragma once
 
-#include "cuda/portable/params.hpp"
+#include "cuda/common/params.hpp"
 
 namespace raggedattn {
-namespace portable {
+namespace gpu {
 
 // Query tile tc of its segment (BM rows): rows [m0, m0 + rows), and the keys
 // [key_lo, key_hi) that any of its rows sees (empty when key_lo >= key_hi).
@@ -48,5 +48,5 @@ __device__ __forceinline__ void write_unseen_tile(const FwdParams& p, const Quer
   for (int r = t; r < w.rows; r += n) lse[r] = -INFINITY;
 }
 
-}  // namespace portable
+}  // namespace gpu
 }  // namespace raggedattn

@@ -8,12 +8,12 @@
 
 #include <type_traits>
 
-#include "cuda/portable/math.cuh"
-#include "cuda/portable/params.hpp"
-#include "cuda/portable/warp_mma.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/common/params.hpp"
+#include "cuda/common/warp.cuh"
 
 namespace raggedattn {
-namespace portable {
+namespace gpu {
 
 // What one backward CTA covers: key tile tc of its segment (for one KV head), and the query tiles
 // of BM rows that see any of its keys, [m_first, m_first + m_count), for each of the GQA group's
@@ -145,5 +145,5 @@ __device__ __forceinline__ int32_t* dq_tile_lock(const BwdParams& p, int b, cons
   return p.locks + (RaggedTiles{BM, p.kv_tiles.batch}.first(b, seg.cu_q) + m_tile) * p.heads_q + h;
 }
 
-}  // namespace portable
+}  // namespace gpu
 }  // namespace raggedattn

@@ -7,7 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "common/status.hpp"
-#include "cuda/portable/params.hpp"
+#include "cuda/common/params.hpp"
 #include "plan/plan_data.hpp"
 
 namespace raggedattn {
@@ -15,7 +15,7 @@ namespace cuda {
 
 // `ctx`: what the path prepared for its launch before the sequence began (the Hopper path's TMA
 // maps), passed through unchanged; null where a path needs nothing.
-using BwdMainLaunch = cudaError_t (*)(const portable::BwdParams& p, const PlanData& plan,
+using BwdMainLaunch = cudaError_t (*)(const gpu::BwdParams& p, const PlanData& plan,
                                       const void* ctx, cudaStream_t stream);
 
 Status run_backward(const PlanData& plan, const BwdTensors& t, void* workspace, void* stream,

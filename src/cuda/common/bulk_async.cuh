@@ -9,10 +9,10 @@
 
 #include <cstdint>
 
-#include "cuda/portable/warp_mma.cuh"
+#include "cuda/common/warp.cuh"
 
 namespace raggedattn {
-namespace portable {
+namespace gpu {
 
 // Makes this thread's shared-memory writes visible to the async proxy (TMA, bulk copies, wgmma).
 __device__ __forceinline__ void fence_proxy_async_smem() {
@@ -66,5 +66,5 @@ __device__ __forceinline__ void bulk_wait_done() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
-}  // namespace portable
+}  // namespace gpu
 }  // namespace raggedattn

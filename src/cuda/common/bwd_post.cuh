@@ -58,7 +58,8 @@ __device__ __forceinline__ __half from_float(float x) {
 // takes one round of loads (the binary search took log2(batch) dependent ones, the post kernels'
 // CTAs are short, and that chain was a quarter of dq_convert on many short documents), two up to
 // about 65 000. Every thread of the CTA must call it, with the same t; all get the same answer.
-__device__ __forceinline__ TileCoord locate_cta(const RaggedTiles& m, int64_t t, const int32_t* cu) {
+__device__ __forceinline__ TileCoord locate_cta(const RaggedTiles& m, int64_t t,
+                                                const int32_t* cu) {
   int lo = 0, hi = m.batch - 1;  // the answer lies in [lo, hi]; first(0) == 0 <= t
   while (lo < hi) {
     const int step = (hi - lo + kPostThreads - 1) / kPostThreads;

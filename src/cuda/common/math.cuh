@@ -2,7 +2,7 @@
 #pragma once
 
 namespace raggedattn {
-namespace portable {
+namespace gpu {
 
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -20,5 +20,5 @@ __device__ __forceinline__ float fast_tanh(float x) {
   return y;
 }
 
-}  // namespace portable
+}  // namespace gpu
 }  // namespace raggedattn

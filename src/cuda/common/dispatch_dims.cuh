@@ -1,7 +1,7 @@
 // One dispatcher from a problem's dtype and head dims to a kernel instantiation, for every CUDA
 // path: each path lists its instantiated (head_dim_qk, head_dim_v) pairs once as an X-macro
-// (portable/instantiations.hpp, core/sm90_shapes.hpp), its supports() test and its dispatch both read
-// that list, and a pair outside it is an error here, never another kernel.
+// (portable/instantiations.hpp, core/sm90_shapes.hpp), its supports() test and its dispatch both
+// read that list, and a pair outside it is an error here, never another kernel.
 #pragma once
 
 #include <cuda_bf16.h>
