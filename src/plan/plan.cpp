@@ -132,7 +132,7 @@ Status portable_shapes(PlanData* d) {
   // dQ through shared memory and bulk reduce-adds where the sm_90 build runs (the kernel's sm_80
   // build adds from registers only), for the fp32 scratch in atomic mode, and only where it
   // leaves the stages as they are: atomics from registers stall each step on their source
-  // registers (docs/PERFORMANCE.md items 37-38).
+  // registers.
   d->bwd.dq_staged = d->caps.cc_major == 9 && p.dq_accum == RATTN_DQ_ACCUM_FP32 &&
                      !p.deterministic &&
                      portable::bwd_smem(dqk, dv, d->bwd.stages, true).bytes <= limit;

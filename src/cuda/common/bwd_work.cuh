@@ -2,8 +2,8 @@
 // deterministic mode's lock per dQ tile; the dQ scratch additions through the Plan's
 // DqAccumLayout (the portable kernel; the Hopper kernel copies whole tiles out); for the Hopper
 // kernel, the score-gradient pieces and the mask of one key row. The portable kernel keeps that
-// math and the turn-taking written inline in its loop: expressed through helpers it compiled to a
-// backward 10% slower on the H200 (docs/PERFORMANCE.md, 2026-11-30).
+// math and the turn-taking written inline in its loop, where the compiler schedules them better
+// than through these helpers.
 #pragma once
 
 #include <type_traits>

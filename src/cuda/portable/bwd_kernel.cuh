@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
   // loop can issue each part at a different point of the step before, each warp when it gets
   // there (FlashAttention-2 also issues its copies mid-step): issued by every warp at once behind
   // the step's barrier, the copies read their address registers late and the next instruction
-  // reusing one stalled (docs/PERFORMANCE.md item 68: the backward +8-15% on the H200).
+  // reusing one stalled.
   auto load_do = [&](Step s, int buf) {
     const int64_t row0 = seg.q_row0 + s.m_tile * BM;
     load_tile_async<BM, DV, NT>(smem + L.d_o + buf * L.do_stage, L.do_pitch,
@@ -294,8 +294,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     // shared memory in the scratch's row layout, and thread 0 adds all its rows with one bulk
     // reduce-add after the next CTA barrier (the rows of a query tile are contiguous in the
     // scratch): atomics from registers stall the next writer of each source register until the
-    // atomic has read it, a quarter of the stall samples on the H200 (docs/PERFORMANCE.md items
-    // 37-38), where the bulk copy reads shared memory asynchronously.
+    // atomic has read it, where the bulk copy reads shared memory asynchronously.
     const int64_t dq_head = dq_seg0 + h * dq_head_stride;
     bool staged = false;
 #if __CUDA_ARCH__ >= 900
@@ -304,7 +303,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       float* sdq = reinterpret_cast<float*>(smem + L.dq);
       // Each row writes its 8-column chunks in dq_stage_chunk's order (rotated by the row inside
       // power-of-two blocks), so a store's eight rows, DQK floats apart, spread over the banks
-      // (docs/PERFORMANCE.md item 70). The registers follow by a shifter of selects on r's bits.
+      // instead of all landing in one. The registers follow by a shifter of selects on r's bits.
       constexpr int NC = DQ_W / 8;
       constexpr DqStageBlocks kBlocks = dq_stage_blocks(NC);  // 6 = 4 + 2
       constexpr int NB1 = kBlocks.first, NB2 = kBlocks.second;

@@ -639,7 +639,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // columns' accumulators live beside their register operands (P^T, dS^T). Elsewhere dV and
       // dK land first: under the column split (up to 128 columns of dQ) their operands die, so
       // dQ's accumulators do not add to the live registers; at D = 64 (32 columns, 8 k-steps of
-      // m64n32) item 33 measured a possible loss from issuing behind.
+      // m64n32) issuing it behind gains nothing and may lose.
       constexpr bool kDqBehind = !SPLIT && DQK == 128;
       auto release_stage = [&]() {
         pin(acc_dv);

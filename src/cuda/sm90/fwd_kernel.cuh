@@ -574,7 +574,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   // The integer round trip, not aligned_smem (hopper.cuh): the forward reaches its tiles by TMA,
   // ldmatrix, wgmma descriptors and 32-bit addresses, so it has no generic access to remove, and
-  // with aligned_smem it measured 2-3% slower in two A/B runs on the H200 (PERFORMANCE.md item 21).
+  // aligned_smem's extra instructions cost it time.
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t(kSmemAlign - 1));
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L.bars);
@@ -673,8 +673,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // K/V stages.
   // The producer finds each item's segment, rows and keys (a binary search over the segments and
   // a few divisions) and hands them to the consumers whole, in the item's Q buffer slot: written
-  // under that buffer's q_empty, read after its q_full. The consumers' own search measured a fifth
-  // of their time on docs_short_32k (PERFORMANCE.md item 47).
+  // under that buffer's q_empty, read after its q_full. A search in each consumer takes a fifth
+  // of the consumers' time on packs of short documents.
   const int64_t work_tiles = args.work_tiles, n_work = work_tiles * args.heads;
   struct Item {
     gpu::QueryTileWork w;

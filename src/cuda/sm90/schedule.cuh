@@ -10,9 +10,9 @@
 // its key tile's query steps (gpu::key_tile_work: the same function the main kernel loops
 // over); a segment's is that of its first key tile, the one that sees the most query rows under
 // causal masking. The grid's plain order (segment by segment, KV head by KV head) left heavy tiles
-// of later segments for the last wave; sorting the tiles themselves by their step count (item 29)
-// spread a segment's tiles over the whole KV head, so the dQ rows they add into were evicted
-// between one tile's adds and the next's (PERFORMANCE.md item 47).
+// of later segments for the last wave; sorting the tiles themselves by their step count would
+// spread a segment's tiles over the whole KV head, so that the dQ rows they add into leave the L2
+// between one tile's adds and the next's.
 //
 // One CTA of kScheduleThreads: a stable counting sort of the tile map's key tiles (TileCoord: the
 // main kernel then needs no search of the segments) by their segment's step count (clamped to
