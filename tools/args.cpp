@@ -101,13 +101,27 @@ float parse_float(const std::string& option, const std::string& text, double min
 }
 
 std::vector<int32_t> parse_lengths(const std::string& option, const std::string& text) {
+  // cu_seqlens are int32: each length, and their running sum, must fit. Parsed as int64 so that
+  // an over-long total is named, not wrapped.
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   std::vector<int32_t> lens;
+  int64_t total = 0;
   for (const std::string& part : split(text, ',')) {
     int64_t v = 0;
-    if (!to_int64(part, &v) || v < 0 || v > std::numeric_limits<int32_t>::max()) {
+    if (!to_int64(part, &v) || v < 0) {
       bad(option, text, "comma-separated segment lengths >= 0, e.g. 100,80,76");
     }
+    if (v > kMax) {
+      throw UsageError(
+          option + ": segment " + std::to_string(lens.size()) + " has " + std::to_string(v) +
+          " tokens; cu_seqlens are int32, so a segment has at most " + std::to_string(kMax));
+    }
     lens.push_back(int32_t(v));
+    total += v;  // at most (number of segments) * 2^31: no overflow from a command line
+  }
+  if (total > kMax) {
+    throw UsageError(option + ": the total token count (" + std::to_string(total) +
+                     ") exceeds the int32 range of cu_seqlens (" + std::to_string(kMax) + ")");
   }
   return lens;
 }

@@ -40,7 +40,7 @@ class Args {
 int32_t parse_int(const std::string& option, const std::string& text, int64_t min, int64_t max);
 uint64_t parse_u64(const std::string& option, const std::string& text);
 float parse_float(const std::string& option, const std::string& text, double min);
-// "100,80,76" (each >= 0).
+// "100,80,76" (each >= 0, and their sum at most INT32_MAX: cu_seqlens are int32).
 std::vector<int32_t> parse_lengths(const std::string& option, const std::string& text);
 // "32/8".
 void parse_heads(const std::string& option, const std::string& text, int32_t* hq, int32_t* hkv);

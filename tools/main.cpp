@@ -1,9 +1,14 @@
 // The `raggedattn` command: check, run, bench, info. Parsing and printing only; the work is in
 // src/verify.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <new>
 #include <random>
 #include <string>
 #include <utility>
@@ -13,7 +18,9 @@
 #include "core/dq_accum_layout.hpp"
 #include "core/portable_shapes.hpp"
 #include "core/sm90_shapes.hpp"
+#include "progress.hpp"
 #include "raggedattn/raggedattn.hpp"
+#include "verify/memory.hpp"
 #include "verify/rng.hpp"
 #include "verify/verify.hpp"
 
@@ -34,16 +41,20 @@ commands:
           segment of O, LSE, dQ, dK, dV with the reference; last line PASS or FAIL
             --backend auto|cpu|cuda|cuda_portable|cuda_sm90   (default auto: CUDA if present)
             --dtype bf16|fp16|fp32  --dq-accum fp32|bf16  --deterministic
-            --config NAME  --heads HQ/HKV  --random N  --seed S  --list
+            --config NAME  --heads HQ/HKV  --random N  --seed S  --list  --progress
           With the cpu backend the reference itself is checked against a float64 brute force.
+          --progress: each case's phase, and the rows of the float64 brute force, on stderr
+          as plain lines; on a terminal they show anyway, as one line rewritten in place.
   run     run one problem, check it and time it
             --segments 100,80,76 [--kv-segments ...] [--heads 32/8] [--dim 128] [--dim-v 128]
             [--causal | --causal-bottom-right] [--window L,R [--align top-left|bottom-right]]
             [--softcap C] [--dtype ..] [--dq-accum ..] [--deterministic] [--padded]
-            [--backend ..] [--seed S] [--repeat N] [--no-check]
+            [--backend ..] [--seed S] [--repeat N] [--no-check] [--progress]
+            --progress: the phase (forward, backward, the check's reference or float64 brute
+            force and its rows) on stderr as plain lines; shown anyway on a terminal, in place.
   bench   time one problem (run's problem options: raggedattn run --help), no checking
             [--repeat N] [--pause-ms MS] [--warmup-ms W --min-ms R] [--l2-flush-mb MB]
-            [--json FILE]
+            [--json FILE] [--progress]
             --pause-ms: idle time before each direction's warm-up (the GPU's clock settles).
             --warmup-ms, --min-ms: triton's do_bench regime (the anchors'): warm-up calls for
             W ms, then timed calls until N of them have run R ms.
@@ -56,7 +67,8 @@ commands:
             2.5x that backward.
   info    the build, the device and the plan of a problem (run's problem options)
 
-exit status: 0 pass, 1 a check failed, 2 bad arguments or a problem the library rejects
+exit status: 0 pass, 1 a check failed, 2 bad arguments, a problem the library rejects, or one
+too large for this machine's memory
 )";
 
 // What the command line asked for, before defaults that depend on the machine are filled in.
@@ -74,6 +86,7 @@ struct Options {
   int32_t pause_ms = 0, warmup_ms = 0, min_ms = 0, l2_flush_mb = 0;
   bool no_check = false;
   bool list = false;
+  bool progress = false;
   std::string json;
 };
 
@@ -102,6 +115,23 @@ const Command* find_command(const std::string& name) {
     if (name == entry.first) return &entry.second;
   }
   return nullptr;
+}
+
+// Padded THD's seq_offsets are int32 too: the tokens and the padding rows before every segment
+// and after the last must fit.
+void check_padded_rows(const CaseSpec& spec) {
+  if (!spec.padded) return;
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  for (const std::vector<int32_t>* lens : {&spec.seqlens_q, &spec.kv_lens()}) {
+    int64_t rows = int64_t(verify::kMaxPaddingGap) * int64_t(lens->size() + 1);
+    for (int32_t len : *lens) rows += len;
+    if (rows > kMax) {
+      throw UsageError("--padded: the tokens and up to " + std::to_string(verify::kMaxPaddingGap) +
+                       " padding rows before each segment and after the last come to " +
+                       std::to_string(rows) + " rows, beyond the int32 range of seq_offsets (" +
+                       std::to_string(kMax) + ")");
+    }
+  }
 }
 
 Options parse(Command cmd, Args& args) {
@@ -144,6 +174,9 @@ Options parse(Command cmd, Args& args) {
     } else if (cmd == Command::Check && opt == "--list") {
       flag();
       o.list = true;
+    } else if (cmd != Command::Info && opt == "--progress") {
+      flag();
+      o.progress = true;
     } else if (problem_cmd && opt == "--segments") {
       o.spec.seqlens_q = parse_lengths(opt, args.value(opt));
       o.have_segments = true;
@@ -230,6 +263,7 @@ Options parse(Command cmd, Args& args) {
       }
       o.spec.seqlens_kv = o.kv_segments;
     }
+    check_padded_rows(o.spec);
   }
   return o;
 }
@@ -242,9 +276,43 @@ void print_library_error(const std::string& context, const Status& s) {
   std::fprintf(stderr, "raggedattn: %s%s\n", context.c_str(), msg.c_str());
 }
 
+// The machine's physical memory in bytes; 0 where it cannot be read.
+double physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
+}
+
+// Refuses (exit 2) a case that needs more host memory than the machine has, before anything is
+// allocated: its run would end in std::bad_alloc or, where the allocation is granted, be killed
+// part-way. Prints the parts (verify::host_needs, a lower bound) and `hint`.
+bool fits_in_memory(const std::vector<CaseSpec>& cases, Command cmd, bool check, bool name_cases,
+                    const char* hint) {
+  const double have = physical_memory();
+  for (const CaseSpec& c : cases) {
+    const std::vector<verify::HostNeed> needs =
+        verify::host_needs(c, runs_on_cpu(c.backend), check);
+    double total = 0;
+    for (const verify::HostNeed& n : needs) total += n.bytes;
+    if (have <= 0 || total <= have) continue;
+    const std::string config = name_cases ? "config " + c.name + ": " : "";
+    std::fprintf(stderr,
+                 "raggedattn %s: %sthe problem needs at least %s (%.0f bytes) of host memory; "
+                 "this machine has %s\n",
+                 command_name(cmd), config.c_str(), verify::size_str(total).c_str(), total,
+                 verify::size_str(have).c_str());
+    for (const verify::HostNeed& n : needs) {
+      std::fprintf(stderr, "  %10s  %s\n", verify::size_str(n.bytes).c_str(), n.what.c_str());
+    }
+    std::fprintf(stderr, "  %s\n", hint);
+    return false;
+  }
+  return true;
+}
+
 // Plans every case before running any: a problem the library rejects is a usage error (exit 2),
-// reported with the library's own message before minutes are spent on the others.
-bool plans_ok(const std::vector<CaseSpec>& cases, bool name_cases) {
+// reported with the library's own message before minutes are spent on the others. `paths` gets
+// each case's path.
+bool plans_ok(const std::vector<CaseSpec>& cases, bool name_cases, std::vector<Path>* paths) {
   for (const CaseSpec& c : cases) {
     const verify::PackLayout l = verify::make_layout(c, 0);
     Plan plan;
@@ -253,13 +321,63 @@ bool plans_ok(const std::vector<CaseSpec>& cases, bool name_cases) {
       print_library_error(name_cases ? "config " + c.name + ": " : "", s);
       return false;
     }
+    paths->push_back(plan.path());
   }
   return true;
 }
 
-void print_header(const Options& o) {
+// "device 0, NVIDIA H200, sm_90".
+std::string device_str(const DeviceCaps& caps) {
+  const std::string name = verify::device_name(caps.device);
+  return "device " + std::to_string(caps.device) + (name.empty() ? "" : ", " + name) + ", sm_" +
+         std::to_string(caps.cc_major) + std::to_string(caps.cc_minor);
+}
+
+// Why the cases run where they do: the backend was named, or what auto (or cuda, the best CUDA
+// path) found.
+std::string backend_reason(rattn_backend requested) {
+  if (requested != RATTN_BACKEND_AUTO && requested != RATTN_BACKEND_CUDA) return "requested";
+  if (!built_with_cuda()) return "auto: this build has no CUDA backends";
+  const DeviceCaps caps = query_device();
+  if (!caps.cuda) return "auto: no CUDA device found";
+  return (requested == RATTN_BACKEND_AUTO ? "auto: " : "cuda: the best CUDA path for ") +
+         device_str(caps);
+}
+
+// "backend: cpu (auto: no CUDA device found)": the paths the plans chose, with each one's count of
+// cases where they differ (a path may lack some cases' head dims), and why.
+std::string backend_line(rattn_backend requested, const std::vector<Path>& paths) {
+  std::vector<std::pair<Path, int>> counts;
+  for (Path p : paths) {
+    auto it =
+        std::find_if(counts.begin(), counts.end(), [p](const auto& c) { return c.first == p; });
+    if (it == counts.end()) {
+      counts.emplace_back(p, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  std::string line;
+  for (const auto& [path, n] : counts) {
+    line += (line.empty() ? "" : ", ") + std::string(path_name(path));
+    if (counts.size() > 1) line += " for " + std::to_string(n) + (n == 1 ? " case" : " cases");
+  }
+  return "backend: " + (line.empty() ? "none" : line) + " (" + backend_reason(requested) + ")";
+}
+
+// The header: the version line (scripts read its seed) and the backend line.
+void print_header(const Options& o, const std::vector<Path>& paths) {
   std::printf("raggedattn %s (%s build), seed %" PRIu64 "\n", rattn_version(),
               built_with_cuda() ? "CUDA" : "CPU-only", o.seed);
+  std::printf("%s\n", backend_line(o.spec.backend, paths).c_str());
+}
+
+// run_case's progress reports, to `progress` where it reports at all.
+void report_to(Progress& progress, verify::RunOptions* run) {
+  if (!progress.on()) return;
+  run->progress = [&progress](const std::string& phase, int64_t done, int64_t total) {
+    progress.update(phase, done, total);
+  };
 }
 
 int cmd_check(const Options& o) {
@@ -324,15 +442,27 @@ int cmd_check(const Options& o) {
     }
     cases.swap(taken);
   }
-  if (!plans_ok(cases, /*name_cases=*/true)) return kExitUsage;
+  if (!fits_in_memory(cases, Command::Check, /*check=*/true, /*name_cases=*/true,
+                      "use fewer heads (--heads)")) {
+    return kExitUsage;
+  }
+  std::vector<Path> paths;
+  if (!plans_ok(cases, /*name_cases=*/true, &paths)) return kExitUsage;
 
-  print_header(o);
+  print_header(o, paths);
   for (const std::string& why : skipped) std::printf("skipped %s\n", why.c_str());
+  std::fflush(stdout);  // the header before the progress on stderr, where both go to one log
   verify::RunOptions run;
   run.seed = o.seed;
+  Progress progress(o.progress);
+  report_to(progress, &run);
   std::vector<CaseReport> reports;
-  for (const CaseSpec& c : cases) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const CaseSpec& c = cases[i];
+    progress.set_task("case " + std::to_string(i + 1) + "/" + std::to_string(cases.size()) + " " +
+                      c.name);
     reports.push_back(verify::run_case(c, run));
+    progress.clear();
     verify::print_case(std::cout, reports.back());
     std::cout << "\n";
     std::cout.flush();
@@ -379,11 +509,18 @@ void print_times(const CaseSpec& spec, const CaseReport& r) {
 }
 
 int cmd_run(const Options& o, bool bench) {
-  if (!plans_ok({o.spec}, /*name_cases=*/false)) return kExitUsage;
   const bool cpu = runs_on_cpu(o.spec.backend);
   verify::RunOptions run;
   run.seed = o.seed;
   run.check = !bench && !o.no_check;
+  if (!fits_in_memory({o.spec}, bench ? Command::Bench : Command::Run, run.check,
+                      /*name_cases=*/false,
+                      run.check ? "use fewer tokens or heads, or --no-check to skip the check"
+                                : "use fewer tokens or heads")) {
+    return kExitUsage;
+  }
+  std::vector<Path> paths;
+  if (!plans_ok({o.spec}, /*name_cases=*/false, &paths)) return kExitUsage;
   // CUDA: cudaEvent medians after a warm-up. CPU: the reference is slow; one wall-clock run
   // unless repeats are asked for.
   run.timing_runs = o.repeat > 0 ? o.repeat : (cpu ? (bench ? 3 : 0) : (bench ? 20 : 10));
@@ -391,8 +528,12 @@ int cmd_run(const Options& o, bool bench) {
   run.warmup_ms = o.warmup_ms;
   run.min_timed_ms = o.min_ms;
   run.l2_flush_bytes = size_t(o.l2_flush_mb) << 20;
-  print_header(o);
+  print_header(o, paths);
+  std::fflush(stdout);  // the header before the progress on stderr, where both go to one log
+  Progress progress(o.progress);
+  report_to(progress, &run);
   const CaseReport r = verify::run_case(o.spec, run);
+  progress.clear();
   if (run.check) {
     verify::print_case(std::cout, r);
   } else {
@@ -562,6 +703,16 @@ int main_impl(int argc, char** argv) {
     return kExitUsage;  // every Command is a case above
   } catch (const UsageError& e) {
     std::fprintf(stderr, "raggedattn: %s\n", e.what());
+    return kExitUsage;
+  } catch (const verify::HostAllocError& e) {
+    // What fits_in_memory's estimate leaves out (or a limit below the machine's memory, ulimit -v)
+    // still ends as an error, not an abort.
+    std::fprintf(stderr, "raggedattn %s: %s; use fewer tokens or heads\n", cmd.c_str(), e.what());
+    return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "raggedattn %s: out of host memory (std::bad_alloc); use fewer tokens or heads\n",
+                 cmd.c_str());
     return kExitUsage;
   }
 }

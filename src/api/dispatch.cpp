@@ -52,6 +52,7 @@ Status run_forward(const PlanData& d, const FwdTensors& t, void* workspace, void
 #ifdef RATTN_WITH_CUDA
       return cuda::portable_forward(d, t, workspace, stream);
 #else
+      (void)workspace;
       (void)stream;
       return no_cuda_build("forward");
 #endif
@@ -75,6 +76,7 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
 #ifdef RATTN_WITH_CUDA
       return cuda::portable_backward(d, t, workspace, stream);
 #else
+      (void)workspace;
       (void)stream;
       return no_cuda_build("backward");
 #endif

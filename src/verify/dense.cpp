@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 namespace raggedattn {
@@ -26,24 +28,49 @@ void axpy(double a, const double* x, double* y, int n) {
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-// Runs body(kv_head) for every KV head, on up to two threads: a KV head owns its dK/dV rows and
-// its group's query heads, so the items never write the same memory.
+// Runs body(kv_head) for every KV head, on dense_threads(hkv) threads: a KV head owns its dK/dV
+// rows and its group's query heads, so the items never write the same memory. An exception of a
+// worker (std::bad_alloc of a score matrix) is rethrown here, not left to end the process.
 template <class F>
 void for_each_kv_head(int32_t hkv, F&& body) {
-  const int threads =
-      int(std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), unsigned(hkv)));
+  const int threads = dense_threads(hkv);
   if (threads <= 1) {
     for (int32_t h = 0; h < hkv; ++h) body(h);
     return;
   }
   std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      for (int32_t h = t; h < hkv; h += threads) body(h);
+      try {
+        for (int32_t h = t; h < hkv; h += threads) body(h);
+      } catch (...) {
+        errors[size_t(t)] = std::current_exception();
+      }
     });
   }
   for (auto& th : pool) th.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
+
+// Counts the rows the workers finish and tells a RowProgress, one call at a time.
+class RowCounter {
+ public:
+  RowCounter(const RowProgress& progress, int64_t total) : progress_(progress), total_(total) {}
+  void row_done() {
+    if (!progress_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    progress_(++done_, total_);
+  }
+
+ private:
+  const RowProgress& progress_;
+  const int64_t total_;
+  int64_t done_ = 0;
+  std::mutex mutex_;
+};
 
 // Scores of query head h: S[r, c] = softcap(scale * q_r . k_c), -inf where masked. Also returns
 // d(score)/d(q.k) per element for the backward (0 where masked).
@@ -88,6 +115,11 @@ double row_lse(const double* s, int64_t n) {
 }
 
 }  // namespace
+
+int dense_threads(int32_t hkv) {
+  return int(std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()),
+                                unsigned(std::max(1, hkv))));
+}
 
 TensorView DenseTensor::view() const {
   TensorView t;
@@ -154,17 +186,19 @@ DenseProblem dense_problem(const CaseSpec& spec, const PackLayout& l) {
 }
 
 DenseForward dense_forward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
-                           const DenseTensor& v) {
+                           const DenseTensor& v, const RowProgress& progress) {
   DenseForward f;
   f.o = DenseTensor(p.rows_q, p.hq, p.dv);
   f.lse = DenseTensor(p.rows_q, p.hq, 1);
   const std::vector<uint8_t> mask = mask_matrix(p);
   const int32_t group = p.hq / p.hkv;
+  // Rows are counted in the loops' steps, so that rows which `continue` count too.
+  RowCounter rows(progress, p.rows_q * p.hq);
   for_each_kv_head(p.hkv, [&](int32_t hk) {
     std::vector<double> s;
     for (int32_t h = hk * group; h < (hk + 1) * group; ++h) {
       scores(p, mask, q, k, h, &s, nullptr);
-      for (int64_t r = 0; r < p.rows_q; ++r) {
+      for (int64_t r = 0; r < p.rows_q; ++r, rows.row_done()) {
         const double* sr = &s[size_t(r * p.rows_kv)];
         const double lse = row_lse(sr, p.rows_kv);
         f.lse.row(r, h)[0] = lse;
@@ -180,18 +214,20 @@ DenseForward dense_forward(const DenseProblem& p, const DenseTensor& q, const De
 }
 
 DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
-                             const DenseTensor& v, const DenseTensor& o, const DenseTensor& d_o) {
+                             const DenseTensor& v, const DenseTensor& o, const DenseTensor& d_o,
+                             const RowProgress& progress) {
   DenseBackward g;
   g.dq = DenseTensor(p.rows_q, p.hq, p.dqk);
   g.dk = DenseTensor(p.rows_kv, p.hkv, p.dqk);
   g.dv = DenseTensor(p.rows_kv, p.hkv, p.dv);
   const std::vector<uint8_t> mask = mask_matrix(p);
   const int32_t group = p.hq / p.hkv;
+  RowCounter rows(progress, p.rows_q * p.hq);
   for_each_kv_head(p.hkv, [&](int32_t hk) {
     std::vector<double> s, slope;
     for (int32_t h = hk * group; h < (hk + 1) * group; ++h) {
       scores(p, mask, q, k, h, &s, &slope);
-      for (int64_t r = 0; r < p.rows_q; ++r) {
+      for (int64_t r = 0; r < p.rows_q; ++r, rows.row_done()) {
         const double* sr = &s[size_t(r * p.rows_kv)];
         const double lse = row_lse(sr, p.rows_kv);
         if (lse == kNegInf) continue;  // a row that sees no key has zero gradients

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "verify/case_spec.hpp"
@@ -59,12 +60,20 @@ struct DenseBackward {
   DenseTensor dq, dk, dv;
 };
 
+// Told how many of the pass's rows (query rows times query heads) are done, for progress reports
+// of long checks. Called from the worker threads, one call at a time.
+using RowProgress = std::function<void(int64_t done, int64_t total)>;
+
+// The threads the brute force runs on for `hkv` KV heads; each holds score matrices of its own.
+int dense_threads(int32_t hkv);
+
 DenseForward dense_forward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
-                           const DenseTensor& v);
+                           const DenseTensor& v, const RowProgress& progress = nullptr);
 // `o` is the forward output the backward is given (as the API's backward is); P is recomputed from
 // the exact scores.
 DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
-                             const DenseTensor& v, const DenseTensor& o, const DenseTensor& d_o);
+                             const DenseTensor& v, const DenseTensor& o, const DenseTensor& d_o,
+                             const RowProgress& progress = nullptr);
 
 }  // namespace verify
 }  // namespace raggedattn

@@ -1,7 +1,9 @@
 #include "verify/host_data.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <new>
 
@@ -20,11 +22,30 @@ int elem_bytes(rattn_dtype t) {
 
 }  // namespace
 
+HostAllocError::HostAllocError(double bytes, const std::string& what) {
+  char exact[64];
+  std::snprintf(exact, sizeof(exact), "%.0f", bytes);
+  message_ =
+      "cannot allocate " + size_str(bytes) + " (" + exact + " bytes) of host memory for " + what;
+}
+
+std::string size_str(double bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  size_t unit = 0;
+  while (bytes >= 1024 && unit + 1 < std::size(kUnits)) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), unit ? "%.1f %s" : "%.0f %s", bytes, kUnits[unit]);
+  return buf;
+}
+
 HostBuffer::HostBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
   const size_t rounded = (bytes + kHostAlign - 1) / kHostAlign * kHostAlign;
   ptr_.reset(std::aligned_alloc(kHostAlign, rounded));
-  if (!ptr_) throw std::bad_alloc();
+  if (!ptr_) throw HostAllocError(double(bytes), "a buffer");
 }
 
 double TensorView::at(int64_t row, int32_t head, int32_t d) const {
@@ -34,7 +55,14 @@ double TensorView::at(int64_t row, int32_t head, int32_t d) const {
 
 HostTensor::HostTensor(rattn_dtype t, int64_t r, int32_t h, int32_t d)
     : dtype(t), rows(r), heads(h), dim(d), token_stride(int64_t(h) * d), head_stride(d) {
-  buffer = HostBuffer(bytes());
+  try {
+    buffer = HostBuffer(bytes());
+  } catch (const HostAllocError&) {
+    // The tensor's shape tells which part of the problem is too large.
+    throw HostAllocError(double(bytes()), "a [" + std::to_string(r) + " x " + std::to_string(h) +
+                                              " x " + std::to_string(d) + "] " + dtype_str(t) +
+                                              " tensor");
+  }
 }
 
 size_t HostTensor::bytes() const {
@@ -104,8 +132,8 @@ PackLayout make_layout(const CaseSpec& spec, uint64_t seed) {
   for (int32_t b = 0; b < batch; ++b) {
     const int32_t lq = spec.seqlens_q[size_t(b)], lk = spec.kv_lens()[size_t(b)];
     if (spec.padded) {
-      row_q += gaps.range(1, 6);
-      row_kv += gaps.range(1, 6);
+      row_q += gaps.range(1, kMaxPaddingGap);
+      row_kv += gaps.range(1, kMaxPaddingGap);
       l.off_q[size_t(b)] = int32_t(row_q);
       l.off_kv[size_t(b)] = int32_t(row_kv);
     }
@@ -123,8 +151,8 @@ PackLayout make_layout(const CaseSpec& spec, uint64_t seed) {
     l.max_kv = std::max(l.max_kv, lk);
   }
   if (spec.padded) {
-    row_q += gaps.range(1, 6);
-    row_kv += gaps.range(1, 6);
+    row_q += gaps.range(1, kMaxPaddingGap);
+    row_kv += gaps.range(1, kMaxPaddingGap);
     l.off_q[size_t(batch)] = int32_t(row_q);
     l.off_kv[size_t(batch)] = int32_t(row_kv);
   }

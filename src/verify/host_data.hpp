@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "raggedattn/raggedattn.hpp"
@@ -26,7 +28,22 @@ constexpr uint8_t kPaddingByte = 0x5A;
 // result.
 constexpr float kInputPaddingValue = 1000.f;
 
-// Host memory, 64-byte aligned (the API asks for 16).
+// A host allocation that failed, with its size and what it was for. It is a std::bad_alloc, so
+// code that catches that still catches it; the command prints its message and exits with 2.
+class HostAllocError : public std::bad_alloc {
+ public:
+  HostAllocError(double bytes, const std::string& what);
+  // "cannot allocate 1.5 GiB (1610612736 bytes) of host memory for <what>"
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+// A byte count for people: "95.4 GiB", "512 B". A double: sums of tensor sizes can pass 2^64.
+std::string size_str(double bytes);
+
+// Host memory, 64-byte aligned (the API asks for 16). Throws HostAllocError where it cannot be had.
 class HostBuffer {
  public:
   HostBuffer() = default;
@@ -106,8 +123,11 @@ struct PackLayout {
   bool padded() const { return !off_q.empty(); }
 };
 
-// Packed (rows back to back) or, for spec.padded, padded with 1..6 rows of padding before every
-// segment and after the last one (gap sizes drawn from `seed`).
+// The most rows of padding make_layout puts before a segment (or after the last) in padded THD.
+constexpr int32_t kMaxPaddingGap = 6;
+
+// Packed (rows back to back) or, for spec.padded, padded with 1..kMaxPaddingGap rows of padding
+// before every segment and after the last one (gap sizes drawn from `seed`).
 PackLayout make_layout(const CaseSpec& spec, uint64_t seed);
 
 // The library's problem description of a case on a layout (contiguous strides).

@@ -138,5 +138,15 @@ std::unique_ptr<Memory> device_memory() {
 #endif
 }
 
+std::string device_name(int device) {
+#ifdef RATTN_WITH_CUDA
+  cudaDeviceProp prop;
+  if (device >= 0 && cudaGetDeviceProperties(&prop, device) == cudaSuccess) return prop.name;
+#else
+  (void)device;
+#endif
+  return "";
+}
+
 }  // namespace verify
 }  // namespace raggedattn

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "raggedattn/raggedattn.hpp"
 #include "verify/gpu_sensors.hpp"
@@ -34,6 +35,10 @@ class Memory {
 std::unique_ptr<Memory> host_memory();
 // CUDA device memory; nullptr in a build without CUDA.
 std::unique_ptr<Memory> device_memory();
+
+// The CUDA device's name ("NVIDIA H200"), for reports; "" where it cannot be read (no CUDA in
+// this build, no such device). The library's DeviceCaps hold no name.
+std::string device_name(int device);
 
 }  // namespace verify
 }  // namespace raggedattn

@@ -63,7 +63,8 @@ void print_failures(std::ostream& os, const CaseReport& r) {
   }
   for (int k = 0; k < kNumTensors; ++k) {
     if (r.padding_changed[size_t(k)]) {
-      os << "   ! padding rows of " << tensor_name(Tensor(k)) << ": " << r.padding_changed[size_t(k)]
+      os << "   ! padding rows of " << tensor_name(Tensor(k)) << ": "
+         << r.padding_changed[size_t(k)]
          << (r.spec.zero_padding ? " elements outside every segment not zeroed (zero_padding)\n"
                                  : " elements written outside every segment\n");
     }
@@ -120,9 +121,8 @@ void print_case(std::ostream& os, const CaseReport& r) {
      << " D=" << s.dqk << "/" << s.dv << " " << dtype_str(s.dtype) << ", " << mask_str(s)
      << (s.padded ? (s.nan_padding ? ", padded THD (NaN padding)" : ", padded THD") : "")
      << (s.trailing_rows > 0 ? fmt(", %d rows past the last segment", s.trailing_rows) : "")
-     << (s.zero_padding ? ", zero_padding" : "")
-     << ", dq_accum " << dq_accum_str(s.dq_accum) << (s.deterministic ? ", deterministic" : "")
-     << fmt(", seed 0x%016" PRIx64, r.seed) << "\n";
+     << (s.zero_padding ? ", zero_padding" : "") << ", dq_accum " << dq_accum_str(s.dq_accum)
+     << (s.deterministic ? ", deterministic" : "") << fmt(", seed 0x%016" PRIx64, r.seed) << "\n";
   if (r.status == RATTN_SUCCESS && r.mode != CheckMode::None) {
     os << "   " << mode_str(r) << "\n";
     std::string head = fmt(" %4s %6s %6s", "seg", "len_q", "len_kv");
@@ -141,7 +141,8 @@ void print_case(std::ostream& os, const CaseReport& r) {
     if (r.spec.padded || r.spec.trailing_rows > 0) {
       bool clean = true;
       for (int64_t n : r.padding_changed) clean = clean && n == 0;
-      if (clean) os << (r.spec.zero_padding ? "   padding rows: zeroed\n" : "   padding rows: untouched\n");
+      if (clean)
+        os << (r.spec.zero_padding ? "   padding rows: zeroed\n" : "   padding rows: untouched\n");
     }
     if (r.nondeterministic == 0) os << "   deterministic: two backward runs bitwise equal\n";
     print_failures(os, r);

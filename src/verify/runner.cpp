@@ -121,6 +121,31 @@ int64_t differing_bytes(const HostTensor& a, const HostTensor& b) {
   return n;
 }
 
+int64_t total_tokens(const std::vector<int32_t>& lens) {
+  int64_t total = 0;
+  for (int32_t l : lens) total += l;
+  return total;
+}
+
+// Bytes of a case's tensors, padding rows left out: Q, dQ, O, dO; K, dK, V, dV at `elem` bytes an
+// element, and LSE at `lse_elem`.
+double tensor_bytes(const CaseSpec& s, double elem, double lse_elem) {
+  const double rows_q = double(total_tokens(s.seqlens_q)) * s.hq;
+  const double rows_kv = double(total_tokens(s.kv_lens())) * s.hkv;
+  return (rows_q + rows_kv) * (2.0 * s.dqk + 2.0 * s.dv) * elem + rows_q * lse_elem;
+}
+
+// Tells the progress callback, where there is one, that `phase` starts.
+void report_phase(const RunOptions& opt, const std::string& phase) {
+  if (opt.progress) opt.progress(phase, 0, 0);
+}
+
+// The progress callback as the brute force's RowProgress for `phase` (unset where there is none).
+RowProgress row_progress(const RunOptions& opt, const std::string& phase) {
+  if (!opt.progress) return nullptr;
+  return [&opt, phase](int64_t done, int64_t total) { opt.progress(phase, done, total); };
+}
+
 void fail(CaseReport* r, const char* stage, const Status& s) {
   r->status = s.code();
   r->stage = stage;
@@ -138,7 +163,7 @@ struct ReferenceOutputs {
 };
 
 Status run_reference(const CaseSpec& spec, const PackLayout& l, const HostInputs& in,
-                     rattn_dtype dt, bool emulate, int threads, HostOutputs* o) {
+                     rattn_dtype dt, bool emulate, const RunOptions& run, HostOutputs* o) {
   CaseSpec s = spec;
   s.dtype = dt;
   s.backend = RATTN_BACKEND_CPU;
@@ -166,8 +191,11 @@ Status run_reference(const CaseSpec& spec, const PackLayout& l, const HostInputs
   b.off_kv = l.padded() ? l.off_kv.data() : nullptr;
   reference::Options opt;
   opt.emulate_low_precision = emulate;
-  opt.threads = threads;
+  opt.threads = run.reference_threads;
+  const std::string kind = emulate ? std::string(dtype_str(dt)) + " emulation" : "exact fp32";
+  report_phase(run, "CPU reference forward (" + kind + ")");
   reference::forward(plan.data(), b.fwd(), opt);
+  report_phase(run, "CPU reference backward (" + kind + ")");
   reference::backward(plan.data(), b.bwd(), opt);
   return Status::Ok();
 }
@@ -181,17 +209,81 @@ rattn_dtype dq_precision(const Plan& plan) {
 }
 
 Status compute_reference(const CaseSpec& spec, const Plan& plan, const PackLayout& l,
-                         const HostInputs& in, int threads, ReferenceOutputs* out) {
-  RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, RATTN_DTYPE_FP32, false, threads, &out->exact));
-  RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, spec.dtype, true, threads, &out->lowp));
+                         const HostInputs& in, const RunOptions& run, ReferenceOutputs* out) {
+  RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, RATTN_DTYPE_FP32, false, run, &out->exact));
+  RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, spec.dtype, true, run, &out->lowp));
   const rattn_dtype dq = dq_precision(plan);
   if (dq != spec.dtype) {
-    RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, dq, true, threads, &out->lowp_dq));
+    RATTN_RETURN_IF_ERROR(run_reference(spec, l, in, dq, true, run, &out->lowp_dq));
   }
   return Status::Ok();
 }
 
+struct DenseOutputs {
+  DenseForward f;
+  DenseBackward g;
+};
+
+// The float64 brute force's O, LSE, dQ, dK, dV for the cpu path's check. Memory that runs out
+// part-way is reported as the brute force's, with its size (host_needs), not as a bare
+// std::bad_alloc.
+DenseOutputs brute_force(const CaseSpec& spec, const PackLayout& layout, const HostInputs& in,
+                         const HostTensor& o, const RunOptions& opt) {
+  try {
+    report_phase(opt, "float64 brute force (setup)");
+    const DenseProblem dp = dense_problem(spec, layout);
+    const DenseTensor q = to_dense(in.q.view(), in.q.rows);
+    const DenseTensor k = to_dense(in.k.view(), in.k.rows);
+    const DenseTensor v = to_dense(in.v.view(), in.v.rows);
+    const DenseTensor d_o = to_dense(in.d_o.view(), in.d_o.rows);
+    DenseOutputs out;
+    report_phase(opt, "float64 brute force forward");
+    out.f = dense_forward(dp, q, k, v, row_progress(opt, "float64 brute force forward"));
+    report_phase(opt, "float64 brute force backward");
+    // The backward under test was given the forward's stored O: so is the brute force, which
+    // makes the rounding of O to the dtype part of the backward's input, not of its error.
+    out.g = dense_backward(dp, q, k, v, to_dense(o.view(), o.rows), d_o,
+                           row_progress(opt, "float64 brute force backward"));
+    return out;
+  } catch (const std::bad_alloc&) {
+    const HostNeed need = host_needs(spec, /*cpu_path=*/true, /*check=*/true).back();
+    throw HostAllocError(need.bytes, need.what);
+  }
+}
+
 }  // namespace
+
+std::vector<HostNeed> host_needs(const CaseSpec& s, bool cpu_path, bool check) {
+  using std::to_string;
+  const int64_t tokens_q = total_tokens(s.seqlens_q), tokens_kv = total_tokens(s.kv_lens());
+  const double elem = s.dtype == RATTN_DTYPE_FP32 ? 4 : 2;
+  std::vector<HostNeed> needs;
+  const std::string shape = to_string(tokens_q) + " query and " + to_string(tokens_kv) +
+                            " key tokens, heads " + to_string(s.hq) + "/" + to_string(s.hkv) +
+                            ", head dims " + to_string(s.dqk) + "/" + to_string(s.dv) + ", " +
+                            dtype_str(s.dtype);
+  needs.push_back({"the problem's tensors (Q, K, V, dO, O, LSE, dQ, dK, dV: " + shape + ")",
+                   tensor_bytes(s, elem, 4)});
+  if (cpu_path) needs.push_back({"the cpu backend's copies of them", tensor_bytes(s, elem, 4)});
+  if (check && cpu_path) {
+    // Float64 copies of the tensors (O twice: the backward's input and the forward's result), the
+    // mask, and each thread's scores and slopes during the backward.
+    const int threads = dense_threads(s.hkv);
+    const double pairs = double(tokens_q) * double(tokens_kv);
+    const double bytes =
+        tensor_bytes(s, 8, 8) + double(tokens_q) * s.hq * s.dv * 8 + pairs + threads * pairs * 16;
+    const std::string matrix = "[" + to_string(tokens_q) + " x " + to_string(tokens_kv) + "]";
+    const std::string on =
+        threads == 1 ? "on its thread" : "on each of " + to_string(threads) + " threads";
+    needs.push_back({"the float64 brute force that checks the cpu path: float64 tensors, a " +
+                         matrix + " mask, and " + matrix + " scores " + on,
+                     bytes});
+  } else if (check) {
+    needs.push_back({"the CPU reference that checks the CUDA path (fp32 copies of the tensors)",
+                     tensor_bytes(s, 4, 4)});
+  }
+  return needs;
+}
 
 Tolerances reference_tolerances() {
   Tolerances t;
@@ -225,6 +317,7 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
   }
   r.path = plan.describe();
 
+  report_phase(opt, "drawing inputs");
   const HostInputs in = make_inputs(spec, layout, r.seed);
   HostOutputs test = make_outputs(spec, layout, spec.dtype);
 
@@ -265,8 +358,10 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
     auto fwd = [&] { return forward(plan, ft, b.ws_fwd, b.ws_fwd_bytes); };
     auto bwd = [&] { return backward(plan, bt, b.ws_bwd, b.ws_bwd_bytes); };
     stage = "forward";
+    report_phase(opt, "forward");
     RATTN_RETURN_IF_ERROR(mem->time(fwd, &r.fwd_ms));
     stage = "backward";
+    report_phase(opt, "backward");
     RATTN_RETURN_IF_ERROR(mem->time(bwd, &r.bwd_ms));
     stage = "memory";
     RATTN_RETURN_IF_ERROR(download_outputs(*mem, b, &test));
@@ -277,6 +372,7 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
       RATTN_RETURN_IF_ERROR(upload_outputs(*mem, again, b, /*fwd_outputs=*/false));
       RATTN_RETURN_IF_ERROR(poison_workspace(*mem, b.ws_bwd, b.ws_bwd_bytes));
       stage = "backward";
+      report_phase(opt, "backward again (determinism)");
       RATTN_RETURN_IF_ERROR(bwd());
       stage = "memory";
       RATTN_RETURN_IF_ERROR(download_outputs(*mem, b, &again));
@@ -315,9 +411,12 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
         *median_ms = median(*times);
         return Status::Ok();
       };
+      // One report per direction: a report between the timed calls would be time between them.
       stage = "forward";
+      report_phase(opt, "timing forward");
       RATTN_RETURN_IF_ERROR(time_direction(fwd, &r.fwd_ms, &r.fwd_call_ms, &r.fwd_readings));
       stage = "backward";
+      report_phase(opt, "timing backward");
       RATTN_RETURN_IF_ERROR(time_direction(bwd, &r.bwd_ms, &r.bwd_call_ms, &r.bwd_readings));
       r.timed_runs = opt.timing_runs;
     }
@@ -347,23 +446,15 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   if (plan.path() == Path::Cpu) {
     r.mode = CheckMode::Dense;
-    const DenseProblem dp = dense_problem(spec, layout);
-    const DenseTensor q = to_dense(in.q.view(), in.q.rows);
-    const DenseTensor k = to_dense(in.k.view(), in.k.rows);
-    const DenseTensor v = to_dense(in.v.view(), in.v.rows);
-    const DenseTensor d_o = to_dense(in.d_o.view(), in.d_o.rows);
-    const DenseForward f = dense_forward(dp, q, k, v);
-    // The backward under test was given the forward's stored O: so is the brute force, which
-    // makes the rounding of O to the dtype part of the backward's input, not of its error.
-    const DenseBackward g = dense_backward(dp, q, k, v, to_dense(test.o.view(), test.o.rows), d_o);
-    const TensorViews ref = {f.o.view(), f.lse.view(), g.dq.view(), g.dk.view(), g.dv.view()};
+    const DenseOutputs dense = brute_force(spec, layout, in, test.o, opt);
+    const TensorViews ref = {dense.f.o.view(), dense.f.lse.view(), dense.g.dq.view(),
+                             dense.g.dk.view(), dense.g.dv.view()};
     r.segments =
         check_all(layout.segments, views(test), ref, nullptr, dense_tolerances(spec.dtype));
   } else {
     r.mode = CheckMode::Reference;
     ReferenceOutputs ref;
-    if (Status s = compute_reference(spec, plan, layout, in, opt.reference_threads, &ref);
-        !s.ok()) {
+    if (Status s = compute_reference(spec, plan, layout, in, opt, &ref); !s.ok()) {
       fail(&r, "reference", s);
       return r;
     }

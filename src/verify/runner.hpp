@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,10 @@ struct RunOptions {
   // (not timed), so no call finds its inputs in L2 from the call before: do_bench zeroes 256 MiB.
   size_t l2_flush_bytes = 0;
   const DeviceCaps* caps = nullptr;  // nullptr: query_device()
+  // Where set, told what run_case is doing, for progress reports of long runs: each phase as it
+  // starts (done = total = 0), and within the float64 brute force the rows done of how many.
+  // Calls come from several threads but never two at once.
+  std::function<void(const std::string& phase, int64_t done, int64_t total)> progress;
 };
 
 enum class CheckMode {
@@ -83,6 +88,18 @@ struct CaseReport {
 };
 
 CaseReport run_case(const CaseSpec& spec, const RunOptions& options);
+
+// A part of the host memory run_case holds at once: what holds it, and its bytes (a double: sums
+// of tensor sizes can pass 2^64).
+struct HostNeed {
+  std::string what;
+  double bytes = 0;
+};
+// The host memory run_case needs for a case on the cpu path or a CUDA one, checked or not, in
+// parts. A lower bound (padding rows, layouts, workspaces and the CPU reference's own buffers are
+// left out): a case it puts above the machine's memory cannot run there, and is refused before
+// anything is allocated rather than killed or aborted half-way.
+std::vector<HostNeed> host_needs(const CaseSpec& spec, bool cpu_path, bool check);
 
 // Tolerances per tensor of each mode.
 Tolerances reference_tolerances();
