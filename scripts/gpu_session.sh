@@ -5,7 +5,7 @@
 #   scripts/gpu_session.sh BUILD_DIR OUT_DIR [STEP ...]
 #
 # STEPs: info check tests sanitize repeat profile profile_source percycle bench anchors head_dims
-# python train ab (default: info check tests sanitize bench). `repeat` runs `check` REPEAT times (10)
+# python pip_full peer_fa train ab (default: info check tests sanitize bench). `repeat` runs `check` REPEAT times (10)
 # under REPEAT_TOOL (a compute-sanitizer tool, default synccheck; `none`: no tool) with
 # REPEAT_ARGS (default `--backend cuda --heads 2/1`), writes one line per run (verdict, seed, each
 # case's worst rel/bound) to repeat_summary.txt, keeps every failing run's output, and reruns each
@@ -14,7 +14,9 @@
 # BUILD_DIR holds src/libraggedattn.so, tools/raggedattn and tests/gpu/raggedattn_gpu_tests.
 # `anchors` needs ANCHORS_DIR (the anchor scripts) and runs `head_dims` after the table
 # (bench/head_dims.py: every Hopper head dim on two workloads' segments, both dQ modes). `python` installs the package over BUILD_DIR's
-# library (no compiler run, no network) and runs tests/python; `train` then runs
+# library (no compiler run, no network) and runs tests/python with torch and jax imported first;
+# `pip_full` installs it the other way (pip builds everything) and reruns the bad-input and torch
+# tests; `peer_fa` runs FlashAttention-2's varlen tests (PEER_FA_DIR); `train` then runs
 # examples/train_packed with every run, the corruption experiment included. `ab` needs
 # AB_LIBS="TAG=DIR ...": other builds of libraggedattn.so (a branch's, staged with
 # `scripts/stage_build.sh BUILD DEST --lib-only`, or several with scripts/stage_branches.sh); it runs the Hopper and determinism suites on
@@ -73,6 +75,7 @@ for s in $steps; do
       # cuda_portable: the portable path for every configuration, also on Hopper.
       step check_dq_fp32 300 "$cli" check --backend cuda
       step check_dq_bf16 300 "$cli" check --backend cuda --dq-accum bf16
+      step check_deterministic 300 "$cli" check --backend cuda --deterministic
       step check_portable 300 "$cli" check --backend cuda_portable ;;
     tests)
       step gpu_tests 420 "$build/tests/gpu/raggedattn_gpu_tests" --gtest_brief=1 ;;
@@ -171,11 +174,24 @@ for s in $steps; do
       step pip_install 300 python3 -m pip install --no-build-isolation --no-deps "$repo" \
         -C cmake.define.RATTN_PYTHON_PREBUILT_LIBRARY="$build/src/libraggedattn.so" \
         -C cmake.define.RATTN_CUDA=OFF
+      # The suite runs in a process that imported torch and jax before raggedattn, as a training
+      # job does (scripts/pytest_frameworks.py): the library's own C++ runtime meets theirs.
       # PYTEST_ARGS (say -k "cuda or gpu") narrows the run. Each test's name is printed before it
       # runs (-v), and a test still running after 60 s dumps every thread's stack (pytest's
       # faulthandler_timeout), so a step that ends at its limit shows which test and where.
-      step pytest 480 env -C /tmp python3 -m pytest -v -rs -o faulthandler_timeout=60 \
-        ${PYTEST_ARGS:-} "$repo/tests/python" ;;
+      step pytest 540 env -C /tmp python3 "$repo/scripts/pytest_frameworks.py" -v -rs \
+        -o faulthandler_timeout=60 ${PYTEST_ARGS:-} "$repo/tests/python" ;;
+    pip_full)
+      # The other installation: pip builds the library (CUDA included) and the extension itself.
+      step pip_install_full 480 python3 -m pip install --no-build-isolation --no-deps "$repo" \
+        -C cmake.define.RATTN_CUDA=ON -C build-dir=/tmp/rattn-pip-build
+      step pytest_full 300 env -C /tmp python3 "$repo/scripts/pytest_frameworks.py" -q \
+        "$repo/tests/python/test_bad_inputs.py" "$repo/tests/python/test_torch.py" ;;
+    peer_fa)
+      # FlashAttention-2's own varlen tests through the shim (PEER_FA_DIR: a copy of
+      # ../shared/peer_fa carried to the machine), every 7th case.
+      step peer_fa 480 env PEER_FA_LOGDIR="$out" bash "${PEER_FA_DIR:?set PEER_FA_DIR}/run.sh" \
+        --peer-quick --maxfail=40 -n 4 ;;
     ab)
       libs=""
       for spec in ${AB_LIBS:?set AB_LIBS}; do

@@ -15,8 +15,13 @@ import dataclasses
 import functools
 from typing import Optional, Tuple
 
-import jax
-import jax.numpy as jnp
+from ._framework import missing_framework
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as _error:
+    raise missing_framework(__name__, "JAX", "jax", _error) from _error
 import numpy as np
 
 from . import _C

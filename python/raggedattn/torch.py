@@ -11,7 +11,12 @@ from __future__ import annotations
 import contextlib
 from typing import Optional, Tuple
 
-import torch
+from ._framework import missing_framework
+
+try:
+    import torch
+except ImportError as _error:
+    raise missing_framework(__name__, "PyTorch", "torch", _error) from _error
 from torch import Tensor
 
 from . import _C
