@@ -163,8 +163,8 @@ TEST(WrongTileOrder, EverySegmentFailsAndTheMatchingOrderIsExact) {
 
 INSTANTIATE_TEST_SUITE_P(ReadSide, WrongLayoutPairing,
                          ::testing::Values(DqSlotScheme::PaddedBatch, DqSlotScheme::Compact),
-                         [](const ::testing::TestParamInfo<DqSlotScheme>& info) {
-                           return info.param == DqSlotScheme::Compact ? std::string("Compact")
+                         [](const ::testing::TestParamInfo<DqSlotScheme>& scheme) {
+                           return scheme.param == DqSlotScheme::Compact ? std::string("Compact")
                                                                       : std::string("PaddedBatch");
                          });
 

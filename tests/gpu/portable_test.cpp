@@ -35,8 +35,8 @@ TEST_P(NamedSuite, EverySegmentMatchesTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Portable, NamedSuite, ::testing::ValuesIn(suite_params()),
-                         [](const ::testing::TestParamInfo<SuiteParam>& info) {
-                           return info.param.label;
+                         [](const ::testing::TestParamInfo<SuiteParam>& suite) {
+                           return suite.param.label;
                          });
 
 // 240 random ragged problems over every supported shape, mask, window, softcap, GQA/MQA, padded

@@ -67,8 +67,8 @@ TEST_P(HopperSuite, EverySegmentMatchesTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, HopperSuite, ::testing::ValuesIn(suite_params()),
-                         [](const ::testing::TestParamInfo<SuiteParam>& info) {
-                           return info.param.label;
+                         [](const ::testing::TestParamInfo<SuiteParam>& suite) {
+                           return suite.param.label;
                          });
 
 // The Hopper forward's two kernels (policy::fwd_persistent): the persistent one, one CTA per SM
