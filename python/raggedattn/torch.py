@@ -22,7 +22,12 @@ from torch import Tensor
 from . import _C
 from ._options import Options, make_options
 
-__all__ = ["attention"]
+__all__ = [
+    "attention",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+]
 
 _DTYPES = {
     torch.bfloat16: _C.DTYPE_BF16,
@@ -376,3 +381,10 @@ def _backward(ctx, d_o: Tensor, d_lse: Optional[Tensor]):
 
 
 torch.library.register_autograd("raggedattn::fwd", _backward, setup_context=_setup_context)
+
+# FlashAttention-compatible entry points (flash_attn_compat.py), over `attention` above.
+from .flash_attn_compat import (  # noqa: E402  (they call back into this module)
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
