@@ -1,0 +1,114 @@
+"""Context-parallel attention over a torch.distributed group (the all-gather strategy).
+
+Each rank holds the zigzag shard of every document (raggedattn.cp_shard) of its Q, K and V. K and
+V are gathered once (with GQA they are a fraction of Q's bytes), put back in document order, and
+each of the rank's query pieces attends the keys it sees: under a causal mask the prefix of its
+document up to the piece's end (the bottom-right alignment of the library's causal mask then puts
+every query on its global diagonal), without a mask the whole document. The per-piece attention
+is the library's own call on the rank's pieces as segments. The backward is autograd's: the
+gathered keys' gradients are summed back onto their owners by the all-gather's own backward (a
+reduce-scatter).
+
+    plan = raggedattn.cp_shard.zigzag_shard(cu_seqlens, cp=world)       # once per batch
+    idx = torch.from_numpy(plan.rank_index(rank))                       # shard q, k, v, labels
+    out = raggedattn.cp.attention(q[idx], k[idx], v[idx], plan, rank, group, causal=True)
+
+Masks: causal (with a left window too) and none. A window with a right side on a mask that is not
+causal raises NotImplementedError: its pieces would need windows of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+from torch import Tensor
+
+from . import torch as _rt
+from .cp_shard import ShardPlan
+
+__all__ = ["attention"]
+
+
+def _key_ranges(plan: ShardPlan, rank: int, causal: bool, window_left: int) -> np.ndarray:
+    """int64 [pieces, 2]: the global key rows [start, end) each of the rank's query pieces sees."""
+    pieces = plan.rank_pieces(rank)
+    doc_start = plan.cu_seqlens[pieces[:, 0]].astype(np.int64)
+    doc_end = plan.cu_seqlens[pieces[:, 0] + 1].astype(np.int64)
+    if not causal:
+        return np.stack([doc_start, doc_end], 1)
+    end = pieces[:, 2]
+    start = doc_start if window_left < 0 else np.maximum(doc_start, pieces[:, 1] - window_left)
+    return np.stack([np.minimum(start, end), end], 1)
+
+
+def _gather_tokens(x: Tensor, plan: ShardPlan, group) -> Tensor:
+    """Every rank's rows of x in global token order (autograd: the backward sums each row's
+    gradient from every rank onto the rank that owns it)."""
+    sizes = [len(plan.rank_index(r)) for r in range(plan.cp)]
+    padded = torch.zeros((max(sizes),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    padded = padded.index_copy(0, torch.arange(x.shape[0], device=x.device), x)
+    parts = dist_fn.all_gather(padded, group=group)
+    ranked = torch.cat([p[:n] for p, n in zip(parts, sizes)])
+    inverse = torch.from_numpy(plan.inverse_permutation()).to(x.device)
+    return ranked.index_select(0, inverse)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    plan: ShardPlan,
+    rank: int,
+    group: Optional[dist.ProcessGroup] = None,
+    *,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    softmax_scale: Optional[float] = None,
+    softcap: float = 0.0,
+    dq_accum: str = "fp32",
+) -> Tensor:
+    """The attention of this rank's query rows (q: its shard, [local tokens, Hq, Dqk], in
+    `plan.rank_index(rank)` order; k, v likewise) over their documents across the group. Returns
+    out [local tokens, Hq, Dv] in the same order."""
+    left, right = (int(x) for x in window)
+    if causal and right > 0:
+        raise ValueError(f"window={tuple(window)} with causal: the right side must be 0 or -1")
+    if not causal and (left >= 0 or right >= 0):
+        raise NotImplementedError(
+            f"raggedattn.cp.attention: window={tuple(window)} without a causal mask; context "
+            "parallelism takes causal masks (with a left window) and unmasked attention")
+    local = len(plan.rank_index(rank))
+    if q.shape[0] != local or k.shape[0] != local or v.shape[0] != local:
+        raise ValueError(
+            f"rank {rank} holds {local} tokens of the plan; got q, k, v with "
+            f"{q.shape[0]}, {k.shape[0]}, {v.shape[0]} rows")
+    k_all = _gather_tokens(k, plan, group)
+    v_all = _gather_tokens(v, plan, group)
+    ranges = _key_ranges(plan, rank, causal, left)
+    lengths = ranges[:, 1] - ranges[:, 0]
+    rows = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges]) if len(
+        ranges) else np.zeros(0, dtype=np.int64)
+    rows = torch.from_numpy(rows).to(q.device)
+    cu_q = torch.from_numpy(plan.rank_cu_seqlens(rank)).to(q.device)
+    cu_kv = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)).to(
+        q.device)
+    q_lengths = np.diff(plan.rank_cu_seqlens(rank))
+    return _rt.attention(
+        q,
+        k_all.index_select(0, rows),
+        v_all.index_select(0, rows),
+        cu_q,
+        cu_kv,
+        max(int(q_lengths.max(initial=0)), 1),
+        max(int(lengths.max(initial=0)), 1),
+        causal=causal,
+        causal_alignment="bottom_right",
+        window=(left, 0) if causal else (-1, -1),
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        dq_accum=dq_accum,
+    )

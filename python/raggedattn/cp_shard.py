@@ -1,0 +1,101 @@
+"""Context-parallel sharding of a packed batch: which tokens each rank of a group of `cp` holds.
+
+Every document is cut into 2·cp chunks of near-equal length, and rank r takes chunks r and
+2·cp − 1 − r (the zigzag pairing): under a causal mask chunk i costs about i + 1/2 units of work,
+so each rank's pair costs 2·cp units and the group is balanced document by document. Documents
+shorter than 2·cp tokens leave some chunks empty (zero-length pieces). Full and sliding-window
+masks shard the same way (their work is even already).
+
+This module is plain NumPy, for a data loader: it shards the batch once (inputs, labels,
+positions) with `ShardPlan.rank_index`, and the attention (raggedattn.cp) reads the same plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List
+
+import numpy as np
+
+__all__ = ["ShardPlan", "zigzag_shard"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """The zigzag sharding of one packed batch over `cp` ranks.
+
+    cu_seqlens: the batch's int32 [B + 1] document boundaries.
+    chunk_bounds: int64 [B, 2·cp + 1], chunk c of document b is tokens
+        [cu_seqlens[b] + chunk_bounds[b, c], cu_seqlens[b] + chunk_bounds[b, c + 1]).
+    """
+
+    cu_seqlens: np.ndarray
+    cp: int
+    chunk_bounds: np.ndarray
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    def rank_chunks(self, rank: int) -> List[int]:
+        """The chunk numbers rank `rank` holds of every document, in its local order."""
+        return [rank, 2 * self.cp - 1 - rank]
+
+    def rank_pieces(self, rank: int) -> np.ndarray:
+        """int64 [2·B, 3]: (document, first token, end token) of each of the rank's pieces in its
+        local order (document by document, chunk r then chunk 2·cp − 1 − r); global token rows."""
+        pieces = []
+        for b in range(self.num_docs):
+            start = int(self.cu_seqlens[b])
+            for c in self.rank_chunks(rank):
+                lo, hi = self.chunk_bounds[b, c], self.chunk_bounds[b, c + 1]
+                pieces.append((b, start + lo, start + hi))
+        return np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
+
+    def rank_index(self, rank: int) -> np.ndarray:
+        """int64 [local tokens]: the global row of each of the rank's local rows (shard an input
+        with `x[plan.rank_index(rank)]`)."""
+        pieces = self.rank_pieces(rank)
+        if len(pieces) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.arange(lo, hi, dtype=np.int64) for _, lo, hi in pieces])
+
+    def rank_cu_seqlens(self, rank: int) -> np.ndarray:
+        """int32 [2·B + 1]: the rank's local rows as one segment per piece (zero-length pieces
+        included), the query segments of its attention."""
+        lengths = np.diff(self.rank_pieces(rank)[:, 1:], axis=1).reshape(-1)
+        return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+    def permutation(self) -> np.ndarray:
+        """int64 [total]: the global rows in rank order (rank 0's local rows, then rank 1's...)."""
+        return np.concatenate([self.rank_index(r) for r in range(self.cp)])
+
+    def inverse_permutation(self) -> np.ndarray:
+        """int64 [total]: where each global row sits in rank order (undoes `permutation`)."""
+        perm = self.permutation()
+        inverse = np.empty_like(perm)
+        inverse[perm] = np.arange(len(perm), dtype=np.int64)
+        return inverse
+
+    def positions(self, rank: int) -> np.ndarray:
+        """int64 [local tokens]: each local row's position inside its document."""
+        pieces = self.rank_pieces(rank)
+        doc_start = self.cu_seqlens[pieces[:, 0]] if len(pieces) else np.zeros(0)
+        return np.concatenate(
+            [np.arange(lo, hi, dtype=np.int64) - s for (_, lo, hi), s in zip(pieces, doc_start)]
+        ) if len(pieces) else np.zeros(0, dtype=np.int64)
+
+
+def zigzag_shard(cu_seqlens, cp: int) -> ShardPlan:
+    """The zigzag ShardPlan of a packed batch (`cu_seqlens`: int [B + 1], non-decreasing, from 0)
+    over `cp` ranks."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
+    if cp < 1:
+        raise ValueError(f"cp={cp}; need a group of at least one rank")
+    if cu.size < 2 or cu[0] != 0 or np.any(np.diff(cu) < 0):
+        raise ValueError(f"cu_seqlens must start at 0 and not decrease; got {cu.tolist()[:8]}...")
+    lengths = np.diff(cu)
+    pieces = 2 * cp
+    steps = np.arange(pieces + 1, dtype=np.int64)
+    bounds = (lengths[:, None] * steps[None, :]) // pieces  # near-equal, every token once
+    return ShardPlan(cu_seqlens=cu.astype(np.int32), cp=cp, chunk_bounds=bounds)
