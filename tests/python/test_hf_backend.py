@@ -1,7 +1,9 @@
 """raggedattn as a transformers attention backend (raggedattn.hf): small randomly initialized models
 on packed documents give, document by document, the logits of the same model run on each document
 alone with transformers' eager attention; padded batches and Gemma-2's sliding window and soft cap
-too; what the backend cannot take raises. Float32 on the CPU (the library's CPU backend) and
+too; parameter gradients match each document alone (sdpa; eager for Gemma-2's soft cap), and 50
+training steps track sdpa's loss on the same packed batches;
+what the backend cannot take raises. Float32 on the CPU (the library's CPU backend) and
 bfloat16 on CUDA where there is a GPU."""
 
 from __future__ import annotations
@@ -118,3 +120,67 @@ def test_dense_mask_and_dropout_raise():
         hf.attention_forward(module, q, q, q, torch.zeros(1, 1, 4, 4))
     with pytest.raises(NotImplementedError, match="dropout"):
         hf.attention_forward(module, q, q, q, None, dropout=0.1)
+
+
+def packed_inputs(docs, device):
+    ids = torch.cat(docs)[None]
+    positions = torch.cat([torch.arange(len(d), device=device) for d in docs])[None]
+    return ids, positions
+
+
+def packed_loss(model, implementation, docs, device):
+    """The sum over documents of each one's next-token loss, the documents packed in one row."""
+    model.config._attn_implementation = implementation
+    ids, positions = packed_inputs(docs, device)
+    # No KV cache: with one, transformers does not read packed documents from position_ids for
+    # sdpa and eager, and their reference would attend across documents.
+    out = model(input_ids=ids, position_ids=positions, use_cache=False)
+    logp = torch.log_softmax(out.logits[0].float(), -1)
+    loss, start = 0.0, 0
+    for d in docs:
+        n = len(d)
+        if n > 1:
+            loss = loss - logp[start:start + n - 1].gather(1, d[1:, None]).sum()
+        start += n
+    return loss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("make, reference", [(llama, "sdpa"), (gemma2, "eager")],
+                         ids=["llama", "gemma2"])  # sdpa has no soft cap: Gemma-2 against eager
+def test_parameter_gradients_match_per_document(make, reference, device):
+    dtype = dtype_for(device)
+    model = make(device, dtype).train()
+    docs = documents(device, seed=4)
+    packed_loss(model, hf.NAME, docs, device).backward()
+    got = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    for d in docs:  # each document alone (one token has no next-token loss)
+        if len(d) > 1:
+            packed_loss(model, reference, [d], device).backward()
+    tol = 20 * tolerance(dtype)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, atol=tol, rtol=tol, msg=name)
+
+
+def test_training_tracks_sdpa():
+    """50 AdamW steps on packed random documents: the loss curve of raggedattn and of sdpa (on its
+    block-diagonal mask from the same position_ids), from the same initial weights."""
+    curves = {}
+    for implementation in (hf.NAME, "sdpa"):
+        model = llama("cpu", torch.float32, seed=5).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        g = torch.Generator().manual_seed(6)
+        curve = []
+        for _ in range(50):
+            lengths = torch.randint(1, 40, (5,), generator=g).tolist()
+            docs = [torch.randint(0, 97, (n,), generator=g) for n in lengths]
+            loss = packed_loss(model, implementation, docs, "cpu") / sum(lengths)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        curves[implementation] = curve
+    ours, ref = torch.tensor(curves[hf.NAME]), torch.tensor(curves["sdpa"])
+    assert ref[-10:].mean() < ref[:10].mean()  # it trains
+    torch.testing.assert_close(ours, ref, atol=2e-3, rtol=0)
