@@ -5,10 +5,15 @@ attention, from the same initialization and the same data order, and compares th
     python3 examples/train_packed/train.py --device cuda --steps 400 --out results/
     python3 examples/train_packed/train.py --device cpu --steps 3 --batch-tokens 512   # smoke test
 
+    python3 examples/train_packed/train.py --hf --device cuda             # transformers' Llama
+
 Runs (--runs): `reference` (SDPA per document), `raggedattn` (fp32 dQ scratch),
 `raggedattn_dq_bf16` (16-bit dQ scratch) and, on request, `raggedattn_deterministic` (the same
 kernel with ordered dQ additions: the noise floor of the comparison) and `raggedattn_dq_corrupt`
 (the experiment of a broken dQ layout: every document past the first gets the first one's dQ).
+With --hf: `hf_reference` (a transformers Llama of the same size through its sdpa attention, the
+documents read from position_ids) and `hf_raggedattn` (the same model and batches through
+attn_implementation="raggedattn", fed DataCollatorWithFlattening's keyword arguments).
 `--replot DIR` redraws DIR's table and chart from its results.json. Reports, per raggedattn run, the largest and the mean
 absolute gap between its training loss and the reference's over all steps, and every run's loss
 on held-out documents. Writes results.json, summary.md and curves.png under --out.
@@ -37,8 +42,13 @@ RUNS = {
     # The experiment of the historical bug: dQ of every document past the first replaced by the
     # first document's rows, as a scratch read with segment stride 0 would return.
     "raggedattn_dq_corrupt": dict(impl="raggedattn", dq_accum="fp32", corrupt_dq=True),
+    # --hf: a transformers Llama of the same size, the packed batch as DataCollatorWithFlattening
+    # gives it, through transformers' sdpa (the reference) or attn_implementation="raggedattn".
+    "hf_reference": dict(hf="sdpa"),
+    "hf_raggedattn": dict(hf="raggedattn"),
 }
 DEFAULT_RUNS = ["reference", "raggedattn", "raggedattn_dq_bf16"]
+HF_RUNS = ["hf_reference", "hf_raggedattn"]
 
 
 def lr_at(step, total, peak, warmup):
@@ -59,8 +69,14 @@ def loss_of(model, batch, device, autocast):
 def train_one(name, args, train_batches, eval_batches, device):
     torch.manual_seed(args.seed)  # the same initialization for every run
     attn_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = Decoder(VOCAB, dim=args.dim, layers=args.layers, n_heads=args.heads,
-                    n_kv_heads=args.kv_heads, attn_dtype=attn_dtype, **RUNS[name]).to(device)
+    if "hf" in RUNS[name]:
+        from hf_model import HFDecoder
+
+        model = HFDecoder(VOCAB, dim=args.dim, layers=args.layers, n_heads=args.heads,
+                          n_kv_heads=args.kv_heads, attention=RUNS[name]["hf"]).to(device)
+    else:
+        model = Decoder(VOCAB, dim=args.dim, layers=args.layers, n_heads=args.heads,
+                        n_kv_heads=args.kv_heads, attn_dtype=attn_dtype, **RUNS[name]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     autocast = device.type == "cuda"
     losses, t0 = [], time.time()
@@ -84,8 +100,12 @@ def train_one(name, args, train_batches, eval_batches, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--runs", default=",".join(DEFAULT_RUNS),
-                    help=f"comma-separated, of: {', '.join(RUNS)}")
+    ap.add_argument("--runs", default=None,
+                    help=f"comma-separated, of: {', '.join(RUNS)} (default: "
+                         f"{','.join(DEFAULT_RUNS)}; with --hf: {','.join(HF_RUNS)})")
+    ap.add_argument("--hf", action="store_true",
+                    help="a transformers Llama through attn_implementation='raggedattn' against "
+                         "transformers' sdpa on the same packed batches")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch-tokens", type=int, default=16384)
     ap.add_argument("--eval-batches", type=int, default=8)
@@ -105,7 +125,7 @@ def main():
             report(json.load(f), args.replot)
         return
     device = torch.device(args.device)
-    runs = args.runs.split(",")
+    runs = (args.runs or ",".join(HF_RUNS if args.hf else DEFAULT_RUNS)).split(",")
     for r in runs:
         if r not in RUNS:
             ap.error(f"--runs: unknown run '{r}'; known: {', '.join(RUNS)}")
@@ -134,12 +154,12 @@ def smooth(xs, alpha=0.05):
 
 def report(results, out):
     """Gaps against the reference run, summary.md, results.json and curves.png under `out`."""
-    ref = results["runs"].get("reference")
+    ref = results["runs"].get("reference") or results["runs"].get("hf_reference")
     lines = ["| run | final train loss | mean of last 50 | held-out loss | max gap vs reference | "
              "mean gap | time |", "|---|---|---|---|---|---|---|"]
     for name, r in results["runs"].items():
         gap_max = gap_mean = float("nan")
-        if ref is not None and name != "reference":
+        if ref is not None and r is not ref:
             gaps = [abs(a - b) for a, b in zip(r["train_loss"], ref["train_loss"])]
             gap_max, gap_mean = max(gaps), sum(gaps) / len(gaps)
             r["max_gap"], r["mean_gap"] = gap_max, gap_mean
@@ -165,7 +185,7 @@ def report(results, out):
     for i, (name, r) in enumerate(results["runs"].items()):
         top.plot(smooth(r["train_loss"]), label=f"{name} (held-out {r['eval_loss']:.3f})", lw=1.2,
                  color=f"C{i}")
-        if ref is not None and name != "reference":
+        if ref is not None and r is not ref:
             diff = [a - b for a, b in zip(r["train_loss"], ref["train_loss"])]
             bottom.plot(smooth(diff), label=name, lw=1.2, color=f"C{i}")
     top.set_ylabel("training loss, smoothed (nats/byte)")

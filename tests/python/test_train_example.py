@@ -60,3 +60,27 @@ def test_corrupt_dq_switch_breaks_only_later_documents():
     assert torch.equal(q.grad[3:8], g[[0, 1, 2, 0, 1]])
     assert torch.equal(q.grad[8:], g[:1])
     assert not torch.equal(q.grad, g)
+
+
+def test_hf_mode_matches_sdpa_on_cpu(tmp_path):
+    """--hf: a transformers Llama trained through attn_implementation="raggedattn" follows the
+    same model through transformers' sdpa, step by step (fp32 on the CPU backend)."""
+    pytest.importorskip("transformers")
+    import json
+
+    import train  # noqa: E402
+
+    argv = ["train.py", "--hf", "--device", "cpu", "--steps", "4", "--batch-tokens", "768",
+            "--eval-batches", "1", "--dim", "128", "--layers", "1", "--heads", "2",
+            "--kv-heads", "1", "--out", str(tmp_path)]
+    old = sys.argv
+    sys.argv = argv
+    try:
+        train.main()
+    finally:
+        sys.argv = old
+    res = json.load(open(tmp_path / "results.json"))["runs"]
+    ref, rag = res["hf_reference"], res["hf_raggedattn"]
+    assert len(rag["train_loss"]) == 4
+    assert rag["max_gap"] < 1e-4, rag["max_gap"]
+    assert abs(rag["eval_loss"] - ref["eval_loss"]) < 1e-4
