@@ -372,13 +372,41 @@ def _backward(q, k, v, o, lse, d_o, cu_q, cu_kv, off_q, off_kv, st: _Static):
     return dq, dk, dv
 
 
+def _varying_axes(x) -> frozenset:
+    """The mesh axes along which x varies inside shard_map (none outside it)."""
+    aval = jax.typeof(x) if hasattr(jax, "typeof") else None
+    axes = getattr(aval, "vma", None)
+    if axes is None:
+        axes = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+    return frozenset(axes or ())
+
+
+def _like(result, operand):
+    """An FFI call's result marked varying along the mesh axes its operand varies along: inside
+    shard_map the call computes each device's own values, which JAX cannot see through a custom
+    call (its custom_vjp then rejects cotangents whose manual-axis types differ from the
+    primals')."""
+    missing = tuple(sorted(_varying_axes(operand) - _varying_axes(result)))
+    if not missing:
+        return result
+    cast = getattr(jax.lax, "pcast", None)
+    if cast is not None:
+        return cast(result, missing, to="varying")
+    return jax.lax.pvary(result, missing)
+
+
+def _outputs(q, k, v, cu_q, cu_kv, off_q, off_kv, st: _Static):
+    o, lse = _forward(q, k, v, cu_q, cu_kv, off_q, off_kv, st)
+    return _like(o, q), _like(lse, q)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _attention(q, k, v, cu_q, cu_kv, off_q, off_kv, st: _Static):
-    return _forward(q, k, v, cu_q, cu_kv, off_q, off_kv, st)
+    return _outputs(q, k, v, cu_q, cu_kv, off_q, off_kv, st)
 
 
 def _attention_fwd(q, k, v, cu_q, cu_kv, off_q, off_kv, st: _Static):
-    o, lse = _forward(q, k, v, cu_q, cu_kv, off_q, off_kv, st)
+    o, lse = _outputs(q, k, v, cu_q, cu_kv, off_q, off_kv, st)
     return (o, lse), (q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv)
 
 
@@ -386,7 +414,7 @@ def _attention_bwd(st: _Static, residuals, cotangents):
     q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv = residuals
     d_o, _ = cotangents  # lse's cotangent: dropped (attention() stops its gradient)
     dq, dk, dv = _backward(q, k, v, o, lse, d_o, cu_q, cu_kv, off_q, off_kv, st)
-    return dq, dk, dv, None, None, None, None
+    return _like(dq, q), _like(dk, k), _like(dv, v), None, None, None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

@@ -1,0 +1,78 @@
+"""Context parallelism in JAX (raggedattn.jax_cp): shard_map over a mesh of 2 and 4 CPU devices
+(--xla_force_host_platform_device_count, set in a child process before JAX starts) against the
+whole batch on one device, output and gradients of q, k and v token by token, for causal,
+windowed-causal and unmasked packs with GQA and documents shorter than 2·cp."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("jax")
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import numpy as np
+    import jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+    try:
+        from jax import shard_map
+    except ImportError:
+        from jax.experimental.shard_map import shard_map
+    import raggedattn.jax as rj
+    from raggedattn.cp_shard import zigzag_shard
+    from raggedattn.jax_cp import ShardLayout, attention
+
+    cp, mask = int(sys.argv[1]), sys.argv[2]
+    causal = mask != "none"
+    window = (24, 0) if mask == "causal_window" else (-1, -1)
+    lengths = [70, 1, 0, 33, 5, 128]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    total, mx = int(cu[-1]), max(lengths)
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((total, 4, 64)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((total, 2, 64)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((total, 2, 64)), jnp.float32)
+    g = jnp.asarray(rng.standard_normal((total, 4, 64)), jnp.float32)
+
+    def whole(q, k, v):
+        return rj.attention(q, k, v, jnp.asarray(cu), jnp.asarray(cu), mx, mx, causal=causal,
+                            window=window)
+
+    layout = ShardLayout.of(zigzag_shard(cu, cp))
+    mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
+    sharded = shard_map(lambda q, k, v: attention(q, k, v, layout, "cp", causal=causal,
+                                                  window=window),
+                        mesh=mesh, in_specs=P("cp"), out_specs=P("cp"))
+
+    def split(q, k, v):
+        return layout.unshard(sharded(layout.shard(q), layout.shard(k), layout.shard(v)))
+
+    def loss(f):
+        return lambda q, k, v: jnp.sum(f(q, k, v) * g)
+
+    ref, got = whole(q, k, v), split(q, k, v)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=2e-5, rtol=2e-5)
+    ref_grads = jax.grad(loss(whole), argnums=(0, 1, 2))(q, k, v)
+    grads = jax.grad(loss(split), argnums=(0, 1, 2))(q, k, v)
+    for name, a, b in zip("qkv", grads, ref_grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5,
+                                   err_msg="d" + name)
+    print("OK")
+    """
+)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("mask", ["causal", "causal_window", "none"])
+def test_shard_map_matches_one_device(cp, mask):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", CHILD, str(cp), mask], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
