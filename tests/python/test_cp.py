@@ -1,5 +1,5 @@
 """Context parallelism: the zigzag sharding (plain NumPy, everywhere), and the all-gather
-attention over a torch.distributed group of 2 and 3 CPU processes (gloo) against the whole batch
+attention over a torch.distributed group of 2 and 4 CPU processes (gloo) against the whole batch
 in one process, output and gradients row by row (where torch is installed)."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _worker(rank, world, port, lengths, causal, window, seed):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mask", ["causal", "causal_window", "none"])
 def test_all_gather_attention_matches_one_process(world, mask):
     torch = pytest.importorskip("torch")
