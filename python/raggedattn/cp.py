@@ -70,10 +70,16 @@ def attention(
     softmax_scale: Optional[float] = None,
     softcap: float = 0.0,
     dq_accum: str = "fp32",
+    deterministic: bool = False,
 ) -> Tensor:
     """The attention of this rank's query rows (q: its shard, [local tokens, Hq, Dqk], in
     `plan.rank_index(rank)` order; k, v likewise) over their documents across the group. Returns
-    out [local tokens, Hq, Dv] in the same order."""
+    out [local tokens, Hq, Dv] in the same order.
+
+    deterministic: bitwise the same gradients from run to run. The library's deterministic
+    backward, and the rank's first and second chunks in two calls: within each, no key row is
+    read twice, so the keys' gradients are scattered back without atomic additions, and the two
+    calls' gradients add in autograd's fixed order."""
     left, right = (int(x) for x in window)
     if causal and right > 0:
         raise ValueError(f"window={tuple(window)} with causal: the right side must be 0 or -1")
@@ -89,26 +95,44 @@ def attention(
     k_all = _gather_tokens(k, plan, group)
     v_all = _gather_tokens(v, plan, group)
     ranges = _key_ranges(plan, rank, causal, left)
-    lengths = ranges[:, 1] - ranges[:, 0]
-    rows = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges]) if len(
-        ranges) else np.zeros(0, dtype=np.int64)
-    rows = torch.from_numpy(rows).to(q.device)
-    cu_q = torch.from_numpy(plan.rank_cu_seqlens(rank)).to(q.device)
-    cu_kv = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)).to(
-        q.device)
-    q_lengths = np.diff(plan.rank_cu_seqlens(rank))
+    q_cu = plan.rank_cu_seqlens(rank)
+    options = dict(causal=causal, causal_alignment="bottom_right",
+                   window=(left, 0) if causal else (-1, -1), softmax_scale=softmax_scale,
+                   softcap=softcap, dq_accum=dq_accum, deterministic=deterministic)
+    if not deterministic:
+        return _pieces_attention(q, k_all, v_all, q_cu, ranges, np.arange(len(ranges)), options)
+    # Chunks r (even pieces) and 2·cp - 1 - r (odd pieces) apart; each call's rows back in place.
+    out = None
+    for first in (0, 1):
+        pieces = np.arange(first, len(ranges), 2)
+        rows = np.concatenate([np.arange(q_cu[i], q_cu[i + 1]) for i in pieces]) if len(
+            pieces) else np.zeros(0, dtype=np.int64)
+        rows = torch.from_numpy(rows.astype(np.int64)).to(q.device)
+        part = _pieces_attention(q.index_select(0, rows), k_all, v_all, q_cu, ranges, pieces,
+                                 options)
+        if out is None:
+            out = q.new_zeros(q.shape[:2] + (v.shape[2],))
+        out = out.index_copy(0, rows, part)
+    return out
+
+
+def _pieces_attention(q, k_all, v_all, q_cu, ranges, pieces, options) -> Tensor:
+    """The library's call on the query pieces `pieces` (q: their rows, concatenated), each piece
+    a segment over its key range of the gathered keys."""
+    q_lengths = (q_cu[1:] - q_cu[:-1])[pieces]
+    kv_lengths = (ranges[:, 1] - ranges[:, 0])[pieces]
+    rows = np.concatenate([np.arange(*ranges[i]) for i in pieces]) if len(pieces) else np.zeros(
+        0, dtype=np.int64)
+    rows = torch.from_numpy(rows.astype(np.int64)).to(q.device)
+    cu_q = torch.from_numpy(np.concatenate([[0], np.cumsum(q_lengths)]).astype(np.int32))
+    cu_kv = torch.from_numpy(np.concatenate([[0], np.cumsum(kv_lengths)]).astype(np.int32))
     return _rt.attention(
         q,
         k_all.index_select(0, rows),
         v_all.index_select(0, rows),
-        cu_q,
-        cu_kv,
+        cu_q.to(q.device),
+        cu_kv.to(q.device),
         max(int(q_lengths.max(initial=0)), 1),
-        max(int(lengths.max(initial=0)), 1),
-        causal=causal,
-        causal_alignment="bottom_right",
-        window=(left, 0) if causal else (-1, -1),
-        softmax_scale=softmax_scale,
-        softcap=softcap,
-        dq_accum=dq_accum,
+        max(int(kv_lengths.max(initial=0)), 1),
+        **options,
     )

@@ -67,7 +67,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, lengths, causal, window, seed):
+def _worker(rank, world, port, lengths, causal, window, seed, deterministic=False):
     import torch
     import torch.distributed as dist
 
@@ -91,8 +91,14 @@ def _worker(rank, world, port, lengths, causal, window, seed):
         plan = zigzag_shard(cu.numpy(), world)
         idx = torch.from_numpy(plan.rank_index(rank))
         mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
-        out = rcp.attention(*mine, plan, rank, causal=causal, window=window)
+        out = rcp.attention(*mine, plan, rank, causal=causal, window=window,
+                            deterministic=deterministic)
         grads = torch.autograd.grad(out, mine, grad[idx])
+        if deterministic:  # a second run: bitwise the same gradients
+            again = rcp.attention(*mine, plan, rank, causal=causal, window=window,
+                                  deterministic=True)
+            for a, b in zip(grads, torch.autograd.grad(again, mine, grad[idx])):
+                assert torch.equal(a, b)
         torch.testing.assert_close(out, ref[idx], atol=2e-5, rtol=2e-5)
         for name, got, want in zip("qkv", grads, ref_grads):
             torch.testing.assert_close(got, want[idx], atol=5e-5, rtol=5e-5, msg=f"d{name}")
@@ -113,3 +119,13 @@ def test_all_gather_attention_matches_one_process(world, mask):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_worker, args=(world, _free_port(), lengths, causal, window, 11), nprocs=world,
              join=True)
+
+
+def test_deterministic_attention_matches_and_repeats():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("raggedattn.torch")
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(2, _free_port(), [70, 1, 0, 33, 128], True, (-1, -1), 12, True),
+             nprocs=2, join=True)
+
