@@ -30,7 +30,7 @@ from torch import Tensor
 from . import torch as _rt
 from .cp_shard import ShardPlan
 
-__all__ = ["attention"]
+__all__ = ["attention", "ring_attention"]
 
 
 def _key_ranges(plan: ShardPlan, rank: int, causal: bool, window_left: int) -> np.ndarray:
@@ -136,3 +136,156 @@ def _pieces_attention(q, k_all, v_all, q_cu, ranges, pieces, options) -> Tensor:
         max(int(kv_lengths.max(initial=0)), 1),
         **options,
     )
+
+
+# --- the ring strategy ---------------------------------------------------------------------------
+
+
+def _peer(group, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _exchange(tensors, sizes_from, plan: ShardPlan, rank: int, group):
+    """Sends `tensors` to the next rank of the ring and receives the previous rank's, of
+    `sizes_from` rows (the sending rank's token count); returns (received, requests)."""
+    world = plan.cp
+    nxt, prv = _peer(group, (rank + 1) % world), _peer(group, (rank - 1) % world)
+    received = [t.new_empty((sizes_from,) + tuple(t.shape[1:])) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, prv, group) for r in received]
+    return received, dist.batch_isend_irecv(ops)
+
+
+def _ring_steps(plan: ShardPlan, rank: int):
+    """Per ring step s (the keys of rank src = rank - s): the pairs of this rank's query chunk
+    kind and src's key chunk kind that see each other, each with its mask and rows.
+
+    Kinds: 0 = chunk r (the rank's first of each document), 1 = chunk 2·cp − 1 − r. Query chunk i
+    sees key chunk j entirely where j < i (no mask), on the diagonal where j == i (causal; the
+    chunks have equal lengths there), not at all where j > i."""
+    cp = plan.cp
+
+    def kind_rows(r):
+        pieces = plan.rank_pieces(r)
+        lengths = pieces[:, 2] - pieces[:, 1]
+        starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]
+        out = []
+        for kind in (0, 1):
+            sel = np.arange(kind, len(pieces), 2)
+            rows = np.concatenate([np.arange(starts[i], starts[i] + lengths[i]) for i in sel]) \
+                if len(sel) else np.zeros(0, dtype=np.int64)
+            out.append((rows.astype(np.int64), lengths[sel]))
+        return out
+
+    mine = kind_rows(rank)
+    steps = []
+    for s in range(cp):
+        src = (rank - s) % cp
+        theirs = kind_rows(src)
+        pairs = []
+        for qk, i in ((0, rank), (1, 2 * cp - 1 - rank)):
+            for kk, j in ((0, src), (1, 2 * cp - 1 - src)):
+                if j > i:
+                    continue
+                (q_rows, q_len), (k_rows, k_len) = mine[qk], theirs[kk]
+                pairs.append(dict(causal=(j == i), q_rows=q_rows, k_rows=k_rows,
+                                  cu_q=np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32),
+                                  cu_k=np.concatenate([[0], np.cumsum(k_len)]).astype(np.int32),
+                                  max_q=max(int(q_len.max(initial=0)), 1),
+                                  max_k=max(int(k_len.max(initial=0)), 1)))
+        steps.append((src, pairs))
+    return steps
+
+
+def _t(a, device):
+    return torch.from_numpy(a).to(device)
+
+
+class _Ring(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan, rank, group, scale, softcap, dq_bf16, deterministic):
+        steps = _ring_steps(plan, rank)
+        sizes = [len(plan.rank_index(r)) for r in range(plan.cp)]
+        out = torch.zeros(q.shape[:2] + (v.shape[2],), dtype=torch.float32, device=q.device)
+        lse = torch.full((q.shape[1], q.shape[0]), -float("inf"), device=q.device)
+        kv = (k, v)
+        for s, (src, pairs) in enumerate(steps):
+            pending = None
+            if s + 1 < plan.cp:  # the next step's keys travel while this step computes
+                pending = _exchange(kv, sizes[(rank - s - 1) % plan.cp], plan, rank, group)
+            for p in pairs:
+                qi, ki = _t(p["q_rows"], q.device), _t(p["k_rows"], q.device)
+                o_c, lse_c = torch.ops.raggedattn.fwd(
+                    q.index_select(0, qi), kv[0].index_select(0, ki), kv[1].index_select(0, ki),
+                    _t(p["cu_q"], q.device), _t(p["cu_k"], q.device), None, None, p["max_q"],
+                    p["max_k"], p["causal"], True, -1, 0 if p["causal"] else -1, scale, softcap,
+                    dq_bf16, deterministic)
+                old = lse.index_select(1, qi)
+                new = torch.logaddexp(old, lse_c)
+                keep = torch.where(new.isneginf(), 0.0, torch.exp(old - new)).T[..., None]
+                take = torch.where(new.isneginf(), 0.0, torch.exp(lse_c - new)).T[..., None]
+                out.index_copy_(0, qi, out.index_select(0, qi) * keep + o_c.float() * take)
+                lse.index_copy_(1, qi, new)
+            if pending is not None:
+                received, requests = pending
+                for r in requests:
+                    r.wait()
+                kv = tuple(received)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (plan, rank, group, scale, softcap, dq_bf16, deterministic, steps, sizes)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        plan, rank, group, scale, softcap, dq_bf16, deterministic, steps, sizes = ctx.args
+        d_out = d_out.contiguous()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv = (k, v)
+        dkv = (torch.zeros(k.shape, dtype=torch.float32, device=q.device),
+               torch.zeros(v.shape, dtype=torch.float32, device=q.device))
+        for s, (src, pairs) in enumerate(steps):
+            for p in pairs:
+                qi, ki = _t(p["q_rows"], q.device), _t(p["k_rows"], q.device)
+                dq_c, dk_c, dv_c = torch.ops.raggedattn.bwd(
+                    d_out.index_select(0, qi), q.index_select(0, qi), kv[0].index_select(0, ki),
+                    kv[1].index_select(0, ki), out.index_select(0, qi), lse.index_select(1, qi),
+                    _t(p["cu_q"], q.device), _t(p["cu_k"], q.device), None, None, p["max_q"],
+                    p["max_k"], p["causal"], True, -1, 0 if p["causal"] else -1, scale, softcap,
+                    dq_bf16, deterministic)
+                dq.index_add_(0, qi, dq_c.float())
+                dkv[0].index_add_(0, ki, dk_c.float())
+                dkv[1].index_add_(0, ki, dv_c.float())
+            # The keys and their gradients move on together; after the last step the gradients
+            # take one more hop, back to their owner.
+            prev = (rank - s - 1) % plan.cp
+            if s + 1 < plan.cp:
+                received, requests = _exchange(kv + dkv, sizes[prev], plan, rank, group)
+                for r in requests:
+                    r.wait()
+                kv, dkv = tuple(received[:2]), tuple(received[2:])
+            else:
+                received, requests = _exchange(dkv, sizes[rank], plan, rank, group)
+                for r in requests:
+                    r.wait()
+                dkv = tuple(received)
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 7
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, plan: ShardPlan, rank: int,
+                   group: Optional[dist.ProcessGroup] = None, *,
+                   softmax_scale: Optional[float] = None, softcap: float = 0.0,
+                   dq_accum: str = "fp32", deterministic: bool = False) -> Tensor:
+    """The ring strategy, causal: K/V chunks travel around the group, each step's attention
+    runs while the next step's chunks are in flight, partial outputs merge with their LSEs in
+    fp32; the backward sends dK/dV around with the chunks and uses the merged O and LSE, so each
+    step's gradients are exact. Same arguments and result as `attention(..., causal=True)`."""
+    local = len(plan.rank_index(rank))
+    if q.shape[0] != local or k.shape[0] != local or v.shape[0] != local:
+        raise ValueError(
+            f"rank {rank} holds {local} tokens of the plan; got q, k, v with "
+            f"{q.shape[0]}, {k.shape[0]}, {v.shape[0]} rows")
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    return _Ring.apply(q, k, v, plan, rank, group, scale, float(softcap), dq_accum == "bf16",
+                       bool(deterministic))

@@ -67,7 +67,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, lengths, causal, window, seed, deterministic=False):
+def _worker(rank, world, port, lengths, causal, window, seed, deterministic=False,
+            strategy="all_gather"):
     import torch
     import torch.distributed as dist
 
@@ -91,8 +92,11 @@ def _worker(rank, world, port, lengths, causal, window, seed, deterministic=Fals
         plan = zigzag_shard(cu.numpy(), world)
         idx = torch.from_numpy(plan.rank_index(rank))
         mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
-        out = rcp.attention(*mine, plan, rank, causal=causal, window=window,
-                            deterministic=deterministic)
+        if strategy == "ring":
+            out = rcp.ring_attention(*mine, plan, rank, deterministic=deterministic)
+        else:
+            out = rcp.attention(*mine, plan, rank, causal=causal, window=window,
+                                deterministic=deterministic)
         grads = torch.autograd.grad(out, mine, grad[idx])
         if deterministic:  # a second run: bitwise the same gradients
             again = rcp.attention(*mine, plan, rank, causal=causal, window=window,
@@ -128,4 +132,14 @@ def test_deterministic_attention_matches_and_repeats():
 
     mp.spawn(_worker, args=(2, _free_port(), [70, 1, 0, 33, 128], True, (-1, -1), 12, True),
              nprocs=2, join=True)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_matches_one_process(world):
+    pytest.importorskip("torch")
+    pytest.importorskip("raggedattn.torch")
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(world, _free_port(), [70, 1, 0, 33, 128, 5], True, (-1, -1), 13,
+                            False, "ring"), nprocs=world, join=True)
 
