@@ -28,12 +28,12 @@ import torch.distributed.nn.functional as dist_fn
 from torch import Tensor
 
 from . import torch as _rt
-from .cp_shard import ShardPlan
+from .cp_shard import ShardPlan, window_left
 
 __all__ = ["attention", "ring_attention"]
 
 
-def _key_ranges(plan: ShardPlan, rank: int, causal: bool, window_left: int) -> np.ndarray:
+def _key_ranges(plan: ShardPlan, rank: int, causal: bool, left: int) -> np.ndarray:
     """int64 [pieces, 2]: the global key rows [start, end) each of the rank's query pieces sees."""
     pieces = plan.rank_pieces(rank)
     doc_start = plan.cu_seqlens[pieces[:, 0]].astype(np.int64)
@@ -41,7 +41,7 @@ def _key_ranges(plan: ShardPlan, rank: int, causal: bool, window_left: int) -> n
     if not causal:
         return np.stack([doc_start, doc_end], 1)
     end = pieces[:, 2]
-    start = doc_start if window_left < 0 else np.maximum(doc_start, pieces[:, 1] - window_left)
+    start = doc_start if left < 0 else np.maximum(doc_start, pieces[:, 1] - left)
     return np.stack([np.minimum(start, end), end], 1)
 
 
@@ -80,13 +80,7 @@ def attention(
     backward, and the rank's first and second chunks in two calls: within each, no key row is
     read twice, so the keys' gradients are scattered back without atomic additions, and the two
     calls' gradients add in autograd's fixed order."""
-    left, right = (int(x) for x in window)
-    if causal and right > 0:
-        raise ValueError(f"window={tuple(window)} with causal: the right side must be 0 or -1")
-    if not causal and (left >= 0 or right >= 0):
-        raise NotImplementedError(
-            f"raggedattn.cp.attention: window={tuple(window)} without a causal mask; context "
-            "parallelism takes causal masks (with a left window) and unmasked attention")
+    left = window_left("raggedattn.cp.attention", causal, window)
     local = len(plan.rank_index(rank))
     if q.shape[0] != local or k.shape[0] != local or v.shape[0] != local:
         raise ValueError(

@@ -17,7 +17,7 @@ from typing import List
 
 import numpy as np
 
-__all__ = ["ShardPlan", "zigzag_shard"]
+__all__ = ["ShardPlan", "zigzag_shard", "window_left"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,3 +99,18 @@ def zigzag_shard(cu_seqlens, cp: int) -> ShardPlan:
     steps = np.arange(pieces + 1, dtype=np.int64)
     bounds = (lengths[:, None] * steps[None, :]) // pieces  # near-equal, every token once
     return ShardPlan(cu_seqlens=cu.astype(np.int32), cp=cp, chunk_bounds=bounds)
+
+
+def window_left(where: str, causal: bool, window) -> int:
+    """The left side of a context-parallel attention's window (-1: unbounded), after checking the
+    mask is one that the chunks' key ranges express: causal (with a left window) or none."""
+    left, right = (int(x) for x in window)
+    if causal and right > 0:
+        raise ValueError(f"{where}: window={tuple(window)} with causal: the right side must be 0 "
+                         "or -1")
+    if not causal and (left >= 0 or right >= 0):
+        raise NotImplementedError(
+            f"{where}: window={tuple(window)} without a causal mask; context parallelism takes "
+            "causal masks (with a left window) and unmasked attention")
+    return left
+

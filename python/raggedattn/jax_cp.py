@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import jax as _rj
-from .cp_shard import ShardPlan
+from .cp_shard import ShardPlan, window_left
 
 __all__ = ["ShardLayout", "attention"]
 
@@ -68,7 +68,7 @@ class ShardLayout:
         where[flat[flat >= 0]] = np.nonzero(flat >= 0)[0]
         return jnp.take(x, where, axis=0)
 
-    def key_rows(self, causal: bool, window_left: int) -> Tuple[np.ndarray, np.ndarray, int, int]:
+    def key_rows(self, causal: bool, left: int) -> Tuple[np.ndarray, np.ndarray, int, int]:
         """Per device: int32 [cp, K] rows of the gathered (rank-major, padded) keys each device's
         pieces read, in piece order (padded with row 0); int32 [cp, 2B + 1] their segments; the
         longest query and key piece."""
@@ -83,8 +83,8 @@ class ShardLayout:
             ends = plan.cu_seqlens[pieces[:, 0] + 1].astype(np.int64)
             if causal:
                 ends = pieces[:, 2]
-                if window_left >= 0:
-                    starts = np.minimum(np.maximum(starts, pieces[:, 1] - window_left), ends)
+                if left >= 0:
+                    starts = np.minimum(np.maximum(starts, pieces[:, 1] - left), ends)
             rows = [position[np.arange(a, b)] for a, b in zip(starts, ends)]
             per_rank.append(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
             lengths = ends - starts
@@ -102,13 +102,7 @@ def attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool = Fa
               window: Tuple[int, int] = (-1, -1), softmax_scale=None, softcap: float = 0.0):
     """Inside shard_map over `axis_name`: this device's rows of q, k, v ([rows, H, D], the
     layout's padded shard) -> its rows of the output."""
-    left, right = (int(x) for x in window)
-    if causal and right > 0:
-        raise ValueError(f"window={tuple(window)} with causal: the right side must be 0 or -1")
-    if not causal and (left >= 0 or right >= 0):
-        raise NotImplementedError(
-            f"raggedattn.jax_cp.attention: window={tuple(window)} without a causal mask; context "
-            "parallelism takes causal masks (with a left window) and unmasked attention")
+    left = window_left("raggedattn.jax_cp.attention", causal, window)
     table, cu_kv, longest_q, longest_kv = layout.key_rows(causal, left)
     rank = jax.lax.axis_index(axis_name)
     k_all = jax.lax.all_gather(k, axis_name, tiled=True)

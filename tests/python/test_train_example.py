@@ -11,21 +11,26 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train
 sys.path.insert(0, os.path.abspath(EXAMPLE))
 
 
-def test_cpu_training_matches_reference(tmp_path):
+def run_example(tmp_path, *extra):
+    """train.py's main on a tiny CPU configuration; its results.json's runs."""
+    import json
+
     import train  # noqa: E402  (examples/train_packed/train.py)
 
     argv = ["train.py", "--device", "cpu", "--steps", "4", "--batch-tokens", "768",
             "--eval-batches", "1", "--dim", "128", "--layers", "1", "--heads", "2",
-            "--kv-heads", "1", "--runs", "reference,raggedattn", "--out", str(tmp_path)]
+            "--kv-heads", "1", "--out", str(tmp_path), *extra]
     old = sys.argv
     sys.argv = argv
     try:
         train.main()
     finally:
         sys.argv = old
-    import json
+    return json.load(open(tmp_path / "results.json"))["runs"]
 
-    res = json.load(open(tmp_path / "results.json"))["runs"]
+
+def test_cpu_training_matches_reference(tmp_path):
+    res = run_example(tmp_path, "--runs", "reference,raggedattn")
     ref, rag = res["reference"], res["raggedattn"]
     assert len(rag["train_loss"]) == 4
     assert rag["train_loss"][-1] < rag["train_loss"][0] + 0.5  # it trains, no blow-up
@@ -66,20 +71,7 @@ def test_hf_mode_matches_sdpa_on_cpu(tmp_path):
     """--hf: a transformers Llama trained through attn_implementation="raggedattn" follows the
     same model through transformers' sdpa, step by step (fp32 on the CPU backend)."""
     pytest.importorskip("transformers")
-    import json
-
-    import train  # noqa: E402
-
-    argv = ["train.py", "--hf", "--device", "cpu", "--steps", "4", "--batch-tokens", "768",
-            "--eval-batches", "1", "--dim", "128", "--layers", "1", "--heads", "2",
-            "--kv-heads", "1", "--out", str(tmp_path)]
-    old = sys.argv
-    sys.argv = argv
-    try:
-        train.main()
-    finally:
-        sys.argv = old
-    res = json.load(open(tmp_path / "results.json"))["runs"]
+    res = run_example(tmp_path, "--hf")
     ref, rag = res["hf_reference"], res["hf_raggedattn"]
     assert len(rag["train_loss"]) == 4
     assert rag["max_gap"] < 1e-4, rag["max_gap"]
