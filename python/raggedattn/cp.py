@@ -28,7 +28,7 @@ import torch.distributed.nn.functional as dist_fn
 from torch import Tensor
 
 from . import torch as _rt
-from .cp_shard import ShardPlan, window_left
+from .cp_shard import ShardPlan, row_ranges, window_left
 
 __all__ = ["attention", "ring_attention"]
 
@@ -48,13 +48,21 @@ def _key_ranges(plan: ShardPlan, rank: int, causal: bool, left: int) -> np.ndarr
 def _gather_tokens(x: Tensor, plan: ShardPlan, group) -> Tensor:
     """Every rank's rows of x in global token order (autograd: the backward sums each row's
     gradient from every rank onto the rank that owns it)."""
-    sizes = [len(plan.rank_index(r)) for r in range(plan.cp)]
-    padded = torch.zeros((max(sizes),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    padded = padded.index_copy(0, torch.arange(x.shape[0], device=x.device), x)
+    sizes = _rank_sizes(plan)
+    padded = torch.cat([x, x.new_zeros((max(sizes) - x.shape[0],) + tuple(x.shape[1:]))])
     parts = dist_fn.all_gather(padded, group=group)
     ranked = torch.cat([p[:n] for p, n in zip(parts, sizes)])
-    inverse = torch.from_numpy(plan.inverse_permutation()).to(x.device)
-    return ranked.index_select(0, inverse)
+    return ranked.index_select(0, _on(plan, "inverse", x.device, plan.inverse_permutation))
+
+
+def _rank_sizes(plan: ShardPlan):
+    """Every rank's token count."""
+    return plan.derived("sizes", lambda: [len(plan.rank_index(r)) for r in range(plan.cp)])
+
+
+def _on(plan: ShardPlan, key, device, make):
+    """The plan's NumPy array make() as a tensor on `device`, made and copied once per plan."""
+    return plan.derived((key, str(device)), lambda: torch.from_numpy(np.asarray(make())).to(device))
 
 
 def attention(
@@ -94,38 +102,40 @@ def attention(
                    window=(left, 0) if causal else (-1, -1), softmax_scale=softmax_scale,
                    softcap=softcap, dq_accum=dq_accum, deterministic=deterministic)
     if not deterministic:
-        return _pieces_attention(q, k_all, v_all, q_cu, ranges, np.arange(len(ranges)), options)
+        return _pieces_attention(q, k_all, v_all, q_cu, ranges, np.arange(len(ranges)), options,
+                                 plan, (rank, causal, left, "all"))
     # Chunks r (even pieces) and 2·cp - 1 - r (odd pieces) apart; each call's rows back in place.
     out = None
     for first in (0, 1):
         pieces = np.arange(first, len(ranges), 2)
-        rows = np.concatenate([np.arange(q_cu[i], q_cu[i + 1]) for i in pieces]) if len(
-            pieces) else np.zeros(0, dtype=np.int64)
-        rows = torch.from_numpy(rows.astype(np.int64)).to(q.device)
+        rows = _on(plan, ("chunk rows", rank, first), q.device,
+                   lambda: row_ranges(q_cu[:-1][pieces], q_cu[1:][pieces]))
         part = _pieces_attention(q.index_select(0, rows), k_all, v_all, q_cu, ranges, pieces,
-                                 options)
+                                 options, plan, (rank, causal, left, first))
         if out is None:
             out = q.new_zeros(q.shape[:2] + (v.shape[2],))
         out = out.index_copy(0, rows, part)
     return out
 
 
-def _pieces_attention(q, k_all, v_all, q_cu, ranges, pieces, options) -> Tensor:
+def _pieces_attention(q, k_all, v_all, q_cu, ranges, pieces, options, plan, key) -> Tensor:
     """The library's call on the query pieces `pieces` (q: their rows, concatenated), each piece
-    a segment over its key range of the gathered keys."""
+    a segment over its key range of the gathered keys. `key` names the call's index arrays in
+    the plan's cache."""
     q_lengths = (q_cu[1:] - q_cu[:-1])[pieces]
     kv_lengths = (ranges[:, 1] - ranges[:, 0])[pieces]
-    rows = np.concatenate([np.arange(*ranges[i]) for i in pieces]) if len(pieces) else np.zeros(
-        0, dtype=np.int64)
-    rows = torch.from_numpy(rows.astype(np.int64)).to(q.device)
-    cu_q = torch.from_numpy(np.concatenate([[0], np.cumsum(q_lengths)]).astype(np.int32))
-    cu_kv = torch.from_numpy(np.concatenate([[0], np.cumsum(kv_lengths)]).astype(np.int32))
+    rows = _on(plan, ("key rows", key), q.device,
+               lambda: row_ranges(ranges[pieces, 0], ranges[pieces, 1]))
+    cu_q = _on(plan, ("cu_q", key), q.device,
+               lambda: np.concatenate([[0], np.cumsum(q_lengths)]).astype(np.int32))
+    cu_kv = _on(plan, ("cu_kv", key), q.device,
+                lambda: np.concatenate([[0], np.cumsum(kv_lengths)]).astype(np.int32))
     return _rt.attention(
         q,
         k_all.index_select(0, rows),
         v_all.index_select(0, rows),
-        cu_q.to(q.device),
-        cu_kv.to(q.device),
+        cu_q,
+        cu_kv,
         max(int(q_lengths.max(initial=0)), 1),
         max(int(kv_lengths.max(initial=0)), 1),
         **options,
@@ -150,13 +160,18 @@ def _exchange(tensors, sizes_from, plan: ShardPlan, rank: int, group):
     return received, dist.batch_isend_irecv(ops)
 
 
-def _ring_steps(plan: ShardPlan, rank: int):
+def _ring_steps(plan: ShardPlan, rank: int, device):
     """Per ring step s (the keys of rank src = rank - s): the pairs of this rank's query chunk
-    kind and src's key chunk kind that see each other, each with its mask and rows.
+    kind and src's key chunk kind that see each other, each with its mask and its rows and
+    segments as tensors on `device` (made once per plan).
 
     Kinds: 0 = chunk r (the rank's first of each document), 1 = chunk 2·cp − 1 − r. Query chunk i
     sees key chunk j entirely where j < i (no mask), on the diagonal where j == i (causal; the
     chunks have equal lengths there), not at all where j > i."""
+    return plan.derived(("ring", rank, str(device)), lambda: _make_ring_steps(plan, rank, device))
+
+
+def _make_ring_steps(plan: ShardPlan, rank: int, device):
     cp = plan.cp
 
     def kind_rows(r):
@@ -166,9 +181,7 @@ def _ring_steps(plan: ShardPlan, rank: int):
         out = []
         for kind in (0, 1):
             sel = np.arange(kind, len(pieces), 2)
-            rows = np.concatenate([np.arange(starts[i], starts[i] + lengths[i]) for i in sel]) \
-                if len(sel) else np.zeros(0, dtype=np.int64)
-            out.append((rows.astype(np.int64), lengths[sel]))
+            out.append((row_ranges(starts[sel], starts[sel] + lengths[sel]), lengths[sel]))
         return out
 
     mine = kind_rows(rank)
@@ -182,9 +195,12 @@ def _ring_steps(plan: ShardPlan, rank: int):
                 if j > i:
                     continue
                 (q_rows, q_len), (k_rows, k_len) = mine[qk], theirs[kk]
-                pairs.append(dict(causal=(j == i), q_rows=q_rows, k_rows=k_rows,
-                                  cu_q=np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32),
-                                  cu_k=np.concatenate([[0], np.cumsum(k_len)]).astype(np.int32),
+                pairs.append(dict(causal=(j == i), q_rows=_t(q_rows, device),
+                                  k_rows=_t(k_rows, device),
+                                  cu_q=_t(np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32),
+                                          device),
+                                  cu_k=_t(np.concatenate([[0], np.cumsum(k_len)]).astype(np.int32),
+                                          device),
                                   max_q=max(int(q_len.max(initial=0)), 1),
                                   max_k=max(int(k_len.max(initial=0)), 1)))
         steps.append((src, pairs))
@@ -198,8 +214,8 @@ def _t(a, device):
 class _Ring(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan, rank, group, scale, softcap, dq_bf16, deterministic):
-        steps = _ring_steps(plan, rank)
-        sizes = [len(plan.rank_index(r)) for r in range(plan.cp)]
+        steps = _ring_steps(plan, rank, q.device)
+        sizes = _rank_sizes(plan)
         out = torch.zeros(q.shape[:2] + (v.shape[2],), dtype=torch.float32, device=q.device)
         lse = torch.full((q.shape[1], q.shape[0]), -float("inf"), device=q.device)
         kv = (k, v)
@@ -208,10 +224,10 @@ class _Ring(torch.autograd.Function):
             if s + 1 < plan.cp:  # the next step's keys travel while this step computes
                 pending = _exchange(kv, sizes[(rank - s - 1) % plan.cp], plan, rank, group)
             for p in pairs:
-                qi, ki = _t(p["q_rows"], q.device), _t(p["k_rows"], q.device)
+                qi, ki = p["q_rows"], p["k_rows"]
                 o_c, lse_c = torch.ops.raggedattn.fwd(
                     q.index_select(0, qi), kv[0].index_select(0, ki), kv[1].index_select(0, ki),
-                    _t(p["cu_q"], q.device), _t(p["cu_k"], q.device), None, None, p["max_q"],
+                    p["cu_q"], p["cu_k"], None, None, p["max_q"],
                     p["max_k"], p["causal"], True, -1, 0 if p["causal"] else -1, scale, softcap,
                     dq_bf16, deterministic)
                 old = lse.index_select(1, qi)
@@ -241,11 +257,11 @@ class _Ring(torch.autograd.Function):
                torch.zeros(v.shape, dtype=torch.float32, device=q.device))
         for s, (src, pairs) in enumerate(steps):
             for p in pairs:
-                qi, ki = _t(p["q_rows"], q.device), _t(p["k_rows"], q.device)
+                qi, ki = p["q_rows"], p["k_rows"]
                 dq_c, dk_c, dv_c = torch.ops.raggedattn.bwd(
                     d_out.index_select(0, qi), q.index_select(0, qi), kv[0].index_select(0, ki),
                     kv[1].index_select(0, ki), out.index_select(0, qi), lse.index_select(1, qi),
-                    _t(p["cu_q"], q.device), _t(p["cu_k"], q.device), None, None, p["max_q"],
+                    p["cu_q"], p["cu_k"], None, None, p["max_q"],
                     p["max_k"], p["causal"], True, -1, 0 if p["causal"] else -1, scale, softcap,
                     dq_bf16, deterministic)
                 dq.index_add_(0, qi, dq_c.float())

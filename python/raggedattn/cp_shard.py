@@ -17,7 +17,18 @@ from typing import List
 
 import numpy as np
 
-__all__ = ["ShardPlan", "zigzag_shard", "window_left"]
+__all__ = ["ShardPlan", "zigzag_shard", "window_left", "row_ranges"]
+
+
+def row_ranges(starts, ends) -> np.ndarray:
+    """int64: the rows [starts[i], ends[i]) of every i, back to back."""
+    starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+    lengths = np.asarray(ends, dtype=np.int64).reshape(-1) - starts
+    if lengths.sum() == 0:
+        return np.zeros(0, dtype=np.int64)
+    # Each row is its range's start plus its offset inside the range.
+    first = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64) - first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,11 +38,22 @@ class ShardPlan:
     cu_seqlens: the batch's int32 [B + 1] document boundaries.
     chunk_bounds: int64 [B, 2·cp + 1], chunk c of document b is tokens
         [cu_seqlens[b] + chunk_bounds[b, c], cu_seqlens[b] + chunk_bounds[b, c + 1]).
+
+    The plan does not change, so what is derived from it is computed once (`derived`): the arrays
+    its methods return are shared between calls; read them, do not write to them.
     """
 
     cu_seqlens: np.ndarray
     cp: int
     chunk_bounds: np.ndarray
+    _memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def derived(self, key, make):
+        """make() the first time `key` is asked for, the same value after: the attention calls
+        of every layer and step of a batch share the plan's index arrays."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     @property
     def num_docs(self) -> int:
@@ -44,6 +66,9 @@ class ShardPlan:
     def rank_pieces(self, rank: int) -> np.ndarray:
         """int64 [2·B, 3]: (document, first token, end token) of each of the rank's pieces in its
         local order (document by document, chunk r then chunk 2·cp − 1 − r); global token rows."""
+        return self.derived(("pieces", rank), lambda: self._pieces(rank))
+
+    def _pieces(self, rank: int) -> np.ndarray:
         pieces = []
         for b in range(self.num_docs):
             start = int(self.cu_seqlens[b])
@@ -56,34 +81,35 @@ class ShardPlan:
         """int64 [local tokens]: the global row of each of the rank's local rows (shard an input
         with `x[plan.rank_index(rank)]`)."""
         pieces = self.rank_pieces(rank)
-        if len(pieces) == 0:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.arange(lo, hi, dtype=np.int64) for _, lo, hi in pieces])
+        return self.derived(("index", rank), lambda: row_ranges(pieces[:, 1], pieces[:, 2]))
 
     def rank_cu_seqlens(self, rank: int) -> np.ndarray:
         """int32 [2·B + 1]: the rank's local rows as one segment per piece (zero-length pieces
         included), the query segments of its attention."""
         lengths = np.diff(self.rank_pieces(rank)[:, 1:], axis=1).reshape(-1)
-        return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        return self.derived(("cu", rank), lambda: np.concatenate(
+            [[0], np.cumsum(lengths)]).astype(np.int32))
 
     def permutation(self) -> np.ndarray:
         """int64 [total]: the global rows in rank order (rank 0's local rows, then rank 1's...)."""
-        return np.concatenate([self.rank_index(r) for r in range(self.cp)])
+        return self.derived("perm", lambda: np.concatenate(
+            [self.rank_index(r) for r in range(self.cp)]))
 
     def inverse_permutation(self) -> np.ndarray:
         """int64 [total]: where each global row sits in rank order (undoes `permutation`)."""
-        perm = self.permutation()
-        inverse = np.empty_like(perm)
-        inverse[perm] = np.arange(len(perm), dtype=np.int64)
-        return inverse
+        def make():
+            perm = self.permutation()
+            inverse = np.empty_like(perm)
+            inverse[perm] = np.arange(len(perm), dtype=np.int64)
+            return inverse
+
+        return self.derived("inverse", make)
 
     def positions(self, rank: int) -> np.ndarray:
         """int64 [local tokens]: each local row's position inside its document."""
         pieces = self.rank_pieces(rank)
-        doc_start = self.cu_seqlens[pieces[:, 0]] if len(pieces) else np.zeros(0)
-        return np.concatenate(
-            [np.arange(lo, hi, dtype=np.int64) - s for (_, lo, hi), s in zip(pieces, doc_start)]
-        ) if len(pieces) else np.zeros(0, dtype=np.int64)
+        doc_start = self.cu_seqlens[pieces[:, 0]].astype(np.int64)
+        return self.rank_index(rank) - np.repeat(doc_start, pieces[:, 2] - pieces[:, 1])
 
 
 def zigzag_shard(cu_seqlens, cp: int) -> ShardPlan:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import jax as _rj
-from .cp_shard import ShardPlan, window_left
+from .cp_shard import ShardPlan, row_ranges, window_left
 
 __all__ = ["ShardLayout", "attention"]
 
@@ -85,8 +85,7 @@ class ShardLayout:
                 ends = pieces[:, 2]
                 if left >= 0:
                     starts = np.minimum(np.maximum(starts, pieces[:, 1] - left), ends)
-            rows = [position[np.arange(a, b)] for a, b in zip(starts, ends)]
-            per_rank.append(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
+            per_rank.append(position[row_ranges(starts, ends)])
             lengths = ends - starts
             cu_kv.append(np.concatenate([[0], np.cumsum(lengths)]))
             longest_kv = max(longest_kv, int(lengths.max(initial=0)))
