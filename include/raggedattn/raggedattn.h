@@ -97,6 +97,14 @@ typedef struct rattn_problem {
   rattn_alignment alignment;
   int32_t window_left;  /* -1: unbounded; else key j >= diag(i) - window_left */
   int32_t window_right; /* -1: unbounded; else key j <= diag(i) + window_right (0 with causal) */
+  /* Learnable attention sinks. 1: query head h has a logit sink[h] (fp32, in the scores' units,
+   * i.e. after softmax_scale and softcap) that joins every one of its rows' softmax as one extra
+   * column with no value:
+   *   p_ij = exp(s_ij - m) / (exp(sink[h] - m) + sum_j exp(s_ij - m)),  o_i = sum_j p_ij v_j,
+   * and LSE = log(exp(sink[h]) + sum_j exp(s_ij)), so a row that sees no key has O = 0 and
+   * LSE = sink[h]. The tensors then give `sink`, and the backward writes `d_sink`. One sink per
+   * query head, shared by every segment. */
+  int32_t has_sink;
   /* backward */
   rattn_dq_accum dq_accum;
   int32_t deterministic; /* dQ, dK, dV bitwise identical from run to run */
@@ -127,6 +135,7 @@ typedef struct rattn_fwd_tensors {
   const int32_t* cu_seqlens_kv;
   const int32_t* seq_offsets_q;  /* NULL unless has_seq_offsets */
   const int32_t* seq_offsets_kv; /* NULL unless has_seq_offsets */
+  const float* sink;             /* [num_heads_q] with has_sink, else NULL */
 } rattn_fwd_tensors;
 
 typedef struct rattn_bwd_tensors {
@@ -143,6 +152,14 @@ typedef struct rattn_bwd_tensors {
   const int32_t* cu_seqlens_kv;
   const int32_t* seq_offsets_q;
   const int32_t* seq_offsets_kv;
+  const float* sink; /* [num_heads_q] with has_sink (the forward's), else NULL */
+  /* [num_heads_q] with has_sink, else NULL: d loss / d sink[h], summed over every row of the head
+   * in every segment; overwritten (computed in a fixed order: deterministic in every mode). */
+  float* d_sink;
+  /* NULL, or the LSE's cotangent, laid out as lse ([num_heads_q, total_q]; columns outside every
+   * segment are not read): it flows into dQ and dK (d lse_i / d s_ij = p_ij) and into d_sink.
+   * NULL is the same as zeros. */
+  const float* d_lse;
 } rattn_bwd_tensors;
 
 typedef struct rattn_plan rattn_plan;

@@ -88,6 +88,10 @@ void plan_bwd_workspace(PlanData* d) {
       ws.dq_claims = take(&cursor, size_t(round_up(ws.dq_accum.tiles() * 4, 16)));
     }
   }
+  ws.post_tiles = RaggedTiles::bound(p.total_q, p.batch, DqAccumLayout::kTileRows);
+  if (p.has_sink) {
+    ws.sink_partials = take(&cursor, size_t(ws.post_tiles) * p.num_heads_q * sizeof(float));
+  }
   ws.total = round_up(int64_t(cursor), kRegionAlign);
 }
 
@@ -348,6 +352,7 @@ Problem default_problem() {
   p.dq_accum = RATTN_DQ_ACCUM_FP32;
   p.deterministic = 0;
   p.backend = RATTN_BACKEND_AUTO;
+  p.has_sink = 0;
   p.zero_padding = 0;
   return p;
 }
@@ -424,6 +429,7 @@ std::string Plan::describe() const {
                                           : (p.dtype == RATTN_DTYPE_FP16 ? "fp16" : "bf16"),
         p.deterministic ? " deterministic" : "");
   }
+  if (p.has_sink) s += " sinks";
   if (p.zero_padding) s += " zero_padding";
   return s;
 }

@@ -37,10 +37,15 @@ struct BwdWorkspace {
   // segments with the most work first (written by sm90::bwd_lpt_schedule before each main
   // kernel). A segment of at most interleave_rows query rows runs its KV heads tile by tile
   // together (the last wave then holds the lightest tiles of every head); a longer one KV head by
-  // KV head (policy::bwd_interleave_rows: its heads' query-side rows together would not stay in L2).
-  // Not in deterministic mode (its turns need each segment's tiles in order).
+  // KV head (policy::bwd_interleave_rows: its heads' query-side rows together would not stay in
+  // L2). Not in deterministic mode (its turns need each segment's tiles in order).
   Region schedule;
   int64_t interleave_rows = 0;
+  // With sinks: fp32 [num_heads_q][post_tiles], each post CTA's share of d_sink for each head,
+  // summed in a fixed order afterwards (so d_sink is deterministic in every mode).
+  Region sink_partials;
+  // The post kernels' CTAs over the queries (ragged tiles of DqAccumLayout::kTileRows rows).
+  int64_t post_tiles = 0;
   size_t total = 0;
   // What the dot(dO, O) kernel zeroes before the main kernel: the claims where the plan has them,
   // the dQ scratch otherwise.

@@ -107,6 +107,10 @@ Status resolve_problem(const Problem& in, Problem* out) {
   if (p.dq_accum != RATTN_DQ_ACCUM_FP32 && p.dq_accum != RATTN_DQ_ACCUM_BF16) {
     return invalid_value(w, "dq_accum=", int(p.dq_accum), "; supported: fp32 (0), bf16 (1)");
   }
+  if (p.has_sink != 0 && p.has_sink != 1) {
+    return invalid_value(w, "has_sink=", p.has_sink,
+                         "; supported: 0 (no sinks), 1 (one per query head)");
+  }
   if (p.zero_padding != 0 && p.zero_padding != 1) {
     return invalid_value(w, "zero_padding=", p.zero_padding,
                          "; supported: 0 (padding rows untouched), 1 (padding rows zeroed)");
@@ -225,6 +229,19 @@ Status check_segment_pointers(const char* where, const PlanData& plan, const int
   return Status::Ok();
 }
 
+// The sink tensors: present exactly where the problem has sinks (a sink given to a problem
+// without them would be silently ignored otherwise).
+Status check_sink_pointer(const char* where, const PlanData& plan, const char* name,
+                          const void* ptr) {
+  if (plan.problem.has_sink) return check_pointer(where, name, ptr, true, sizeof(float));
+  if (ptr) {
+    return invalid_value(where, name,
+                         " is given but the problem has no sinks (has_sink=0); set "
+                         "has_sink=1 in the problem, or pass NULL");
+  }
+  return Status::Ok();
+}
+
 Status check_workspace(const char* where, size_t need, const void* ws, size_t bytes) {
   if (bytes < need) {
     return workspace_error(where, "workspace of ", bytes, " bytes given; the plan needs ", need);
@@ -248,6 +265,7 @@ Status check_fwd_call(const PlanData& plan, const FwdTensors& t, const void* wor
   RATTN_RETURN_IF_ERROR(check_pointer(w, "v", t.v, rows_kv));
   RATTN_RETURN_IF_ERROR(check_pointer(w, "o", t.o, rows_q));
   RATTN_RETURN_IF_ERROR(check_pointer(w, "lse", t.lse, rows_q, sizeof(float)));
+  RATTN_RETURN_IF_ERROR(check_sink_pointer(w, plan, "sink", t.sink));
   RATTN_RETURN_IF_ERROR(check_segment_pointers(w, plan, t.cu_seqlens_q, t.cu_seqlens_kv,
                                                t.seq_offsets_q, t.seq_offsets_kv));
   return check_workspace(w, plan.fwd_ws.total, workspace, workspace_bytes);
@@ -266,6 +284,9 @@ Status check_bwd_call(const PlanData& plan, const BwdTensors& t, const void* wor
   RATTN_RETURN_IF_ERROR(check_pointer(w, "dq", t.dq, rows_q));
   RATTN_RETURN_IF_ERROR(check_pointer(w, "dk", t.dk, rows_kv));
   RATTN_RETURN_IF_ERROR(check_pointer(w, "dv", t.dv, rows_kv));
+  RATTN_RETURN_IF_ERROR(check_sink_pointer(w, plan, "sink", t.sink));
+  RATTN_RETURN_IF_ERROR(check_sink_pointer(w, plan, "d_sink", t.d_sink));
+  RATTN_RETURN_IF_ERROR(check_pointer(w, "d_lse", t.d_lse, t.d_lse != nullptr, sizeof(float)));
   RATTN_RETURN_IF_ERROR(check_segment_pointers(w, plan, t.cu_seqlens_q, t.cu_seqlens_kv,
                                                t.seq_offsets_q, t.seq_offsets_kv));
   return check_workspace(w, plan.bwd_ws.total, workspace, workspace_bytes);

@@ -115,6 +115,18 @@ std::vector<Item> chunked_items(const Problem& p, const SegmentArrays& segs, Len
   return items;
 }
 
+// Head h's sink logit; -inf (a column that adds nothing) for a problem without sinks.
+double sink_logit(const Problem& p, const float* sink, int h) {
+  return p.has_sink ? double(sink[h]) : -std::numeric_limits<double>::infinity();
+}
+
+// The row term of the softmax gradient: dot(dO_i, O_i) less the LSE's cotangent (d lse_i / d s_ij
+// = p_ij, so a cotangent g on lse_i adds g * p_ij to dS_ij: the same as lowering the row term by
+// g).
+double row_term(const float* d_o, const float* o, int dv, const float* d_lse, int64_t stat) {
+  return dot(d_o, o, dv) - (d_lse ? double(d_lse[stat]) : 0.0);
+}
+
 }  // namespace
 
 void forward(const PlanData& plan, const FwdTensors& t, const Options& opt) {
@@ -141,18 +153,19 @@ void forward(const PlanData& plan, const FwdTensors& t, const Options& opt) {
         const int ke = plan.mask.key_end(i, s.len_q, s.len_kv);
         const int64_t orow = plan.o().offset(s.q_row0 + i, h);
         float* lse = t.lse + stats.offset(h, s.q_row0 + i);
-        if (kb >= ke) {  // the row sees no key: O = 0, LSE = -inf
+        const double sink = sink_logit(p, t.sink, h);
+        if (kb >= ke) {  // the row sees no key: O = 0, LSE = the sink's logit (-inf: none)
           for (int d = 0; d < dv; ++d) store_elem(t.o, orow + d, p.dtype, 0.f);
-          *lse = -std::numeric_limits<float>::infinity();
+          *lse = float(sink);
           continue;
         }
         scores.resize(ke - kb);
-        double m = -std::numeric_limits<double>::infinity(), unused;
+        double m = sink, unused;  // the sink is one more column of the row's softmax
         for (int j = kb; j < ke; ++j) {
           scores[j - kb] = float(c.score(qi, &k[size_t(j) * dqk], dqk, &unused));
           m = std::max(m, double(scores[j - kb]));
         }
-        double l = 0;
+        double l = p.has_sink ? std::exp(sink - m) : 0.0;
         for (int j = kb; j < ke; ++j) l += std::exp(double(scores[j - kb]) - m);
         std::vector<double> acc(dv, 0.0);
         for (int j = kb; j < ke; ++j) {
@@ -178,6 +191,32 @@ struct BwdRow {  // what the pairs of query row i need
   const float *q, *d_o;
   double lse, di;
 };
+
+// d_sink[h] = -sum over the head's rows of p_sink(i) * (dot(dO_i, O_i) - d_lse_i), where
+// p_sink(i) = exp(sink[h] - lse_i): the sink's column has no value, so its dS is p_sink times
+// minus the row term. One item per head, its rows in segment order.
+void sink_gradient(const Ctx& c, const BwdTensors& t, const Options& opt) {
+  const Problem& p = c.p;
+  const RowStatLayout stats = c.plan.row_stats();
+  parallel_for(p.num_heads_q, opt.threads, [&](int64_t n) {
+    const int h = int(n);
+    const double sink = t.sink[h];
+    std::vector<float> o, d_o;
+    double sum = 0;
+    for (int b = 0; b < p.batch; ++b) {
+      const Segment s = c.segs.get(b);
+      gather(t.o, c.plan.o(), s.q_row0, s.len_q, h, p.head_dim_v, p.dtype, &o);
+      gather(t.d_o, c.plan.d_o(), s.q_row0, s.len_q, h, p.head_dim_v, p.dtype, &d_o);
+      for (int i = 0; i < s.len_q; ++i) {
+        const int64_t stat = stats.offset(h, s.q_row0 + i);
+        const size_t x = size_t(i) * p.head_dim_v;
+        sum += std::exp(sink - double(t.lse[stat])) *
+               row_term(&d_o[x], &o[x], p.head_dim_v, t.d_lse, stat);
+      }
+    }
+    t.d_sink[h] = float(-sum);
+  });
+}
 
 }  // namespace
 
@@ -209,9 +248,9 @@ void backward(const PlanData& plan, const BwdTensors& t, const Options& opt) {
     qs->rows.resize(size_t(r1 - r0));
     for (int i = r0; i < r1; ++i) {
       const size_t x = size_t(i - r0);
-      qs->rows[x] =
-          BwdRow{&qs->q[x * dqk], &qs->d_o[x * dv], double(t.lse[stats.offset(h, s.q_row0 + i)]),
-                 dot(&qs->d_o[x * dv], &qs->o[x * dv], dv)};
+      const int64_t stat = stats.offset(h, s.q_row0 + i);
+      qs->rows[x] = BwdRow{&qs->q[x * dqk], &qs->d_o[x * dv], double(t.lse[stat]),
+                           row_term(&qs->d_o[x * dv], &qs->o[x * dv], dv, t.d_lse, stat)};
     }
   };
   // dQ: items of query rows; each row's dQ over its keys in order.
@@ -281,6 +320,7 @@ void backward(const PlanData& plan, const BwdTensors& t, const Options& opt) {
       for (int d = 0; d < dv; ++d) store_elem(t.dv, vrow + d, p.dtype, float(dvacc[x * dv + d]));
     }
   });
+  if (p.has_sink) sink_gradient(c, t, opt);
 }
 
 namespace {
@@ -302,8 +342,8 @@ void zero_rows(void* base, const rattn_strides& st, int64_t rows, int heads, int
 void zero_padding(const PlanData& plan, const FwdTensors& t) {
   const Problem& p = plan.problem;
   const int eb = dtype_bytes(p.dtype);
-  zero_rows(t.o, p.o, p.total_q, p.num_heads_q, p.head_dim_v, eb, t.cu_seqlens_q,
-            t.seq_offsets_q, p.batch);
+  zero_rows(t.o, p.o, p.total_q, p.num_heads_q, p.head_dim_v, eb, t.cu_seqlens_q, t.seq_offsets_q,
+            p.batch);
   const RowStatLayout stats{p.total_q};
   for (int64_t r = 0; r < p.total_q; ++r) {
     if (row_in_segment(t.cu_seqlens_q, t.seq_offsets_q, p.batch, r)) continue;

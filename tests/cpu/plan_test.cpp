@@ -762,7 +762,7 @@ TEST(CallChecks, LseNeedsFloatAlignmentOnly) {
   alignas(16) static uint16_t q[4 * 64], k[4 * 64], v[4 * 64], o[4 * 64];
   alignas(16) static float lse[8];
   const int32_t cu[2] = {0, 4};
-  FwdTensors t{q, k, v, o, lse + 1, cu, cu, nullptr, nullptr};
+  FwdTensors t{q, k, v, o, lse + 1, cu, cu, nullptr, nullptr, nullptr};
   for (int i = 0; i < 4 * 64; ++i) q[i] = k[i] = v[i] = 0x3f80;  // bf16 1.0
   Status s = forward(plan, t, nullptr, 0);
   EXPECT_TRUE(s.ok()) << s.message();

@@ -81,7 +81,8 @@ class Fixture : public ::testing::Test {
             static_cast<const int32_t*>(cu_q_.ptr),
             static_cast<const int32_t*>(cu_kv_.ptr),
             static_cast<const int32_t*>(off_q_.ptr),
-            static_cast<const int32_t*>(off_kv_.ptr)};
+            static_cast<const int32_t*>(off_kv_.ptr),
+            nullptr};
   }
   BwdTensors Bwd() const {
     return {q_.ptr,
@@ -96,7 +97,10 @@ class Fixture : public ::testing::Test {
             static_cast<const int32_t*>(cu_q_.ptr),
             static_cast<const int32_t*>(cu_kv_.ptr),
             static_cast<const int32_t*>(off_q_.ptr),
-            static_cast<const int32_t*>(off_kv_.ptr)};
+            static_cast<const int32_t*>(off_kv_.ptr),
+            nullptr,
+            nullptr,
+            nullptr};
   }
   static std::vector<unsigned char> Download(const DeviceTensor& d) {
     std::vector<unsigned char> h(d.bytes);

@@ -2,6 +2,9 @@
 //   dot_do_o    D[h, row] = sum_d dO * O in fp32 (the softmax-gradient row term), and the dQ
 //               scratch zeroed on the way (its whole region, split evenly over the grid's CTAs:
 //               one pass of reads and writes instead of a memset's pass and then this one's);
+//               With an LSE cotangent, D is lowered by it (d lse_i / d s_ij = p_ij); with sinks,
+//               each CTA also leaves its rows' share of each head's d_sink;
+//   sink_grad   d_sink[h] = the sum of those shares, in a fixed order;
 //   dq_convert  dQ = scale * (sum over splits of the scratch), read at DqAccumLayout::at_from — the
 //               same function, from the same Plan object, the main kernel wrote through (in
 //               either tile order).
@@ -101,6 +104,10 @@ struct DotParams {
   // before the main kernel adds into it; clear_words == 0: nothing to zero.
   uint4* clear;
   size_t clear_words;
+  const float* d_lse;    // null: no LSE cotangent
+  const float* lse;      // read with sinks only
+  const float* sink;     // null: no sinks
+  float* sink_partials;  // with sinks: [num_heads_q][gridDim.x], this grid's shares of d_sink
 };
 
 // CTA `cta` of `ctas` zeroes its contiguous share of `words` 16-byte words at `dst`.
@@ -109,6 +116,25 @@ __device__ __forceinline__ void clear_share(uint4* dst, size_t words, size_t cta
   for (size_t i = r.begin + threadIdx.x; i < r.end; i += kPostThreads) {
     dst[i] = make_uint4(0, 0, 0, 0);
   }
+}
+
+// The CTA's share of head h's d_sink: the sum of its rows' terms (threads [0, kPostRows)), by
+// warp shuffles and then over the warps in order, stored at sink_partials[h][blockIdx.x].
+__device__ __forceinline__ void add_sink_share(const DotParams& p, int h, float term) {
+  static_assert(kPostRows % 32 == 0 && kPostRows <= kPostThreads, "rows are whole warps");
+  constexpr int kRowWarps = kPostRows / 32;
+  __shared__ float warp_sum[kRowWarps];
+  for (int off = 16; off > 0; off /= 2) term += __shfl_xor_sync(0xffffffffu, term, off);
+  const int warp = int(threadIdx.x) / 32;
+  if (warp < kRowWarps && threadIdx.x % 32 == 0) warp_sum[warp] = term;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float share = 0.f;
+    for (int w = 0; w < kRowWarps; ++w) share += warp_sum[w];
+    p.sink_partials[int64_t(h) * gridDim.x + blockIdx.x] = share;
+  }
+  // warp_sum is next written after the next head's first barrier, which thread 0 reaches only
+  // after this read.
 }
 
 // Each thread loads 16-byte chunks of O and dO, 4 of each before the first product; the chunks'
@@ -121,11 +147,18 @@ __global__ void __launch_bounds__(kPostThreads)
   clear_share(p.clear, p.clear_words, size_t(blockIdx.y) * gridDim.x + blockIdx.x,
               size_t(gridDim.x) * gridDim.y);
   const TileCoord tc = locate_cta(p.tiles, blockIdx.x, p.segs.cu_q);
-  if (tc.segment < 0) return;
+  const HeadRange heads = cta_heads(p.num_heads_q);
+  if (tc.segment < 0) {  // past the last segment: its shares of d_sink are zero
+    if (p.sink && threadIdx.x == 0) {
+      for (int h = heads.first; h < heads.end; ++h) {
+        p.sink_partials[int64_t(h) * gridDim.x + blockIdx.x] = 0.f;
+      }
+    }
+    return;
+  }
   const Segment seg = p.segs.get(tc.segment);
   const int r0 = tc.tile * kPostRows;
   const int rows = min(kPostRows, seg.len_q - r0), chunks = p.dv / 8, n = rows * chunks;
-  const HeadRange heads = cta_heads(p.num_heads_q);
   for (int h = heads.first; h < heads.end; ++h) {
     const T* o = static_cast<const T*>(p.o) + p.o_layout.offset(seg.q_row0 + r0, h);
     const T* d_o = static_cast<const T*>(p.d_o) + p.do_layout.offset(seg.q_row0 + r0, h);
@@ -156,13 +189,42 @@ __global__ void __launch_bounds__(kPostThreads)
       }
     }
     __syncthreads();
+    float sink_term = 0.f;
     if (int(threadIdx.x) < rows) {
       float sum = 0.f;
       for (int c = 0; c < chunks; ++c) sum += part[threadIdx.x][c];
-      p.dpsum[p.stats.offset(h, seg.q_row0 + r0 + threadIdx.x)] = sum;
+      const int64_t stat = p.stats.offset(h, seg.q_row0 + r0 + threadIdx.x);
+      if (p.d_lse) sum -= p.d_lse[stat];
+      p.dpsum[stat] = sum;
+      // The sink's column: its dS is p_sink * (0 - D), p_sink = exp(sink - lse).
+      if (p.sink) sink_term = -expf(p.sink[h] - p.lse[stat]) * sum;
     }
+    if (p.sink) add_sink_share(p, h, sink_term);
     __syncthreads();  // part is the next head's
   }
+}
+
+struct SinkGradParams {
+  const float* partials;  // [heads][shares]
+  int64_t shares;         // 0: no query rows, d_sink = 0
+  float* d_sink;
+};
+
+// One CTA per head: d_sink[h] = the sum of the head's shares, each thread taking a fixed stride
+// and the threads' sums meeting in a fixed tree, so the result is the same from run to run.
+__global__ void __launch_bounds__(kPostThreads)
+    sink_grad_kernel(const __grid_constant__ SinkGradParams p) {
+  __shared__ float sums[kPostThreads];
+  const float* row = p.partials + int64_t(blockIdx.x) * p.shares;
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < p.shares; i += kPostThreads) s += row[i];
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = kPostThreads / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.d_sink[blockIdx.x] = sums[0];
 }
 
 // Adds N consecutive scratch elements (16- or 8-byte aligned) into acc.

@@ -19,6 +19,7 @@ cudaError_t launch_post(const PlanData& d, const gpu::BwdParams& p, void* worksp
   const Problem& pr = d.problem;
   const RaggedTiles tiles{post::kPostRows, pr.batch};
   const dim3 grid = post::post_grid(pr.total_q, pr.batch, pr.num_heads_q);
+  if (grid.x != p.post_tiles) return cudaErrorInvalidConfiguration;  // the Plan sized the shares
   if (!convert) {
     // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words, or, where the
     // main kernel claims its tiles (BwdWorkspace::dq_claims), only the claims.
@@ -26,7 +27,8 @@ cudaError_t launch_post(const PlanData& d, const gpu::BwdParams& p, void* worksp
     uint4* clear = cleared.in<uint4>(workspace);
     const size_t clear_words = cleared.bytes / sizeof(uint4);
     post::DotParams dp{p.o,     p.d_o, p.dpsum,       p.segs,         p.o_layout, p.do_layout,
-                       p.stats, tiles, pr.head_dim_v, pr.num_heads_q, clear,      clear_words};
+                       p.stats, tiles, pr.head_dim_v, pr.num_heads_q, clear,      clear_words,
+                       p.d_lse, p.lse, p.sink,        p.sink_partials};
     post::dot_do_o_kernel<T><<<grid, post::kPostThreads, 0, s>>>(dp);
   } else {
     post::ConvertParams cp{p.dq_accum_ptr, p.dq_claims, p.dq_accum, p.dq,          p.segs,
@@ -36,14 +38,24 @@ cudaError_t launch_post(const PlanData& d, const gpu::BwdParams& p, void* worksp
   return cudaGetLastError();
 }
 
+// d_sink from the dot(dO, O) kernel's shares (none where there are no query rows: zeros).
+cudaError_t launch_sink_grad(const PlanData& d, const gpu::BwdParams& p, cudaStream_t s) {
+  const post::SinkGradParams sp{p.sink_partials, d.problem.total_q > 0 ? p.post_tiles : 0,
+                                p.d_sink};
+  post::sink_grad_kernel<<<d.problem.num_heads_q, post::kPostThreads, 0, s>>>(sp);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, void* stream,
                     BwdMainLaunch main_kernel, const void* ctx) {
   const Problem& pr = d.problem;
-  if (pr.total_q == 0 && pr.total_kv == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const gpu::BwdParams p = gpu::make_bwd_params(d, t, workspace);
+  if (pr.total_q == 0 && pr.total_kv == 0) {
+    return p.d_sink ? cuda_status("backward: d_sink", launch_sink_grad(d, p, s)) : Status::Ok();
+  }
   const BwdWorkspace& ws = d.bwd_ws;
   // The dQ scratch (or, where the main kernel claims its tiles, the claims) is zeroed by the
   // dot(dO, O) kernel below, which runs whenever there are query rows (without them nothing adds
@@ -73,6 +85,7 @@ Status run_backward(const PlanData& d, const BwdTensors& t, void* workspace, voi
                                       bf16 ? launch_post<__nv_bfloat16>(d, p, workspace, true, s)
                                            : launch_post<__half>(d, p, workspace, true, s)));
   }
+  if (p.d_sink) RATTN_RETURN_IF_ERROR(cuda_status("backward: d_sink", launch_sink_grad(d, p, s)));
   return Status::Ok();
 }
 

@@ -3,6 +3,7 @@
 // the outputs of a tile that sees none.
 #pragma once
 
+#include "cuda/common/math.cuh"
 #include "cuda/common/params.hpp"
 
 namespace raggedattn {
@@ -34,8 +35,30 @@ __device__ __forceinline__ TileSpan key_tiles(const QueryTileWork& w) {
   return tiles_of(w.key_lo, w.key_hi, BN);
 }
 
-// A query tile no row of which sees a key (w.key_lo >= w.key_hi): O = 0 and LSE = -inf for its rows
-// of head h, written by n threads, this one being the t-th.
+// Head h's sink logit in the log2 domain of the kernels' running maxima; -inf without sinks (a
+// column that adds nothing).
+__device__ __forceinline__ float sink_log2(const FwdParams& p, int h) {
+  return p.sink ? __ldg(p.sink + h) * kLog2e : -INFINITY;
+}
+
+// The end of a row's online softmax: `m` its running maximum (log2 domain; -inf: it saw no key),
+// `l` the sum of exp2(score - m) over its keys, `sink2` the head's sink_log2. The sink joins the
+// sum as one more column. Both terms are taken relative to top = max(m, sink2), so a sink far
+// above the row's scores neither overflows nor needs the accumulators rescaled: O = acc * inv,
+// and lse is the natural-log LSE. Without a sink, inv = 1 / l and lse = m ln2 + log(l) exactly.
+struct RowScale {
+  float inv, lse;
+};
+__device__ __forceinline__ RowScale finish_row(float m, float l, float sink2) {
+  const float top = fmaxf(m, sink2);
+  if (top == -INFINITY) return {0.f, -INFINITY};  // no key and no sink
+  const float a = fast_exp2(m - top);             // 1 unless the sink is above m; 0 for no key
+  const float total = l * a + fast_exp2(sink2 - top);
+  return {a / total, top * kLn2 + logf(total)};
+}
+
+// A query tile no row of which sees a key (w.key_lo >= w.key_hi): O = 0 and LSE = the sink's
+// logit (-inf without sinks) for its rows of head h, written by n threads, this one being the t-th.
 template <class T, int DV>
 __device__ __forceinline__ void write_unseen_tile(const FwdParams& p, const QueryTileWork& w, int h,
                                                   int t, int n) {
@@ -45,7 +68,8 @@ __device__ __forceinline__ void write_unseen_tile(const FwdParams& p, const Quer
     const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
     *reinterpret_cast<uint4*>(o + r * p.o_layout.token_stride + col) = make_uint4(0, 0, 0, 0);
   }
-  for (int r = t; r < w.rows; r += n) lse[r] = -INFINITY;
+  const float row_lse = p.sink ? p.sink[h] : -INFINITY;
+  for (int r = t; r < w.rows; r += n) lse[r] = row_lse;
 }
 
 }  // namespace gpu

@@ -24,6 +24,7 @@ struct FwdParams {
   const void* v;
   void* o;
   float* lse;
+  const float* sink;  // [heads_q] sink logits; null: no sinks
   SegmentArrays segs;
   TensorLayout q_layout, k_layout, v_layout, o_layout;
   RowStatLayout stats;
@@ -54,7 +55,14 @@ struct BwdParams {
   DqAccumLayout dq_accum;
   void* dq_accum_ptr;
   float* dpsum;
-  int32_t* locks;  // deterministic mode only
+  // Sinks (all null without them): the logits, their gradient, and its per-CTA shares
+  // (BwdWorkspace::sink_partials, [heads_q][post_tiles]).
+  const float* sink;
+  float* d_sink;
+  float* sink_partials;
+  int64_t post_tiles;  // BwdWorkspace::post_tiles: the post kernels' grid.x
+  const float* d_lse;  // the LSE's cotangent; null: zeros
+  int32_t* locks;      // deterministic mode only
   // The Hopper backward's claims on the scratch's dQ tiles (BwdWorkspace::dq_claims); null: the
   // scratch is zeroed before the main kernel and every tile is added.
   int32_t* dq_claims;
@@ -77,6 +85,7 @@ inline FwdParams make_fwd_params(const PlanData& d, const FwdTensors& t) {
   p.v = t.v;
   p.o = t.o;
   p.lse = t.lse;
+  p.sink = d.problem.has_sink ? t.sink : nullptr;
   p.segs = {t.cu_seqlens_q, t.cu_seqlens_kv, t.seq_offsets_q, t.seq_offsets_kv};
   p.q_layout = d.q();
   p.k_layout = d.k();
@@ -119,6 +128,11 @@ inline BwdParams make_bwd_params(const PlanData& d, const BwdTensors& t, void* w
   p.dq_accum = d.bwd_ws.dq_accum;
   p.dq_accum_ptr = d.bwd_ws.dq_accum_region.in<void>(workspace);
   p.dpsum = d.bwd_ws.dpsum.in<float>(workspace);
+  p.sink = d.problem.has_sink ? t.sink : nullptr;
+  p.d_sink = d.problem.has_sink ? t.d_sink : nullptr;
+  p.sink_partials = d.bwd_ws.sink_partials.in<float>(workspace);
+  p.post_tiles = d.bwd_ws.post_tiles;
+  p.d_lse = t.d_lse;
   p.locks = d.bwd_ws.locks.in<int32_t>(workspace);
   p.dq_claims = d.bwd_ws.dq_claims.in<int32_t>(workspace);
   p.schedule = d.bwd_ws.schedule.in<HeadTile>(workspace);

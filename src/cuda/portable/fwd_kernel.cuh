@@ -186,12 +186,14 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
   // ever read them), then write whole rows with 16-byte stores; LSE in natural log.
   T* sO = sQ;
   static_assert(DV <= DQK, "O is staged in the Q buffer");
+  const float sink2 = gpu::sink_log2(p, h);
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float l = gpu::quad_sum(row_sum[mf][half]);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const gpu::RowScale fin =
+          gpu::finish_row(row_max[mf][half], gpu::quad_sum(row_sum[mf][half]), sink2);
+      const float inv = fin.inv;
       const int r = wm0 + mf * 16 + lane / 4 + 8 * half;
       T* srow = sO + r * L.q_pitch + 2 * (lane % 4);
 #pragma unroll
@@ -199,9 +201,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
         *reinterpret_cast<uint32_t*>(srow + f * 8) =
             Mma::pack(acc_o[mf][f][2 * half] * inv, acc_o[mf][f][2 * half + 1] * inv);
       }
-      if (lane % 4 == 0 && r < rows) {
-        lse[r] = l > 0.f ? row_max[mf][half] * gpu::kLn2 + logf(l) : -INFINITY;
-      }
+      if (lane % 4 == 0 && r < rows) lse[r] = fin.lse;
     }
   __syncwarp();
   constexpr int kChunks = DV / 8;  // 16-byte chunks per row

@@ -29,11 +29,11 @@
 // are the portable forward's; only the matrix products and the shared-memory layout differ.
 #pragma once
 
+#include "core/sm90_shapes.hpp"
 #include "cuda/common/fwd_work.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/params.hpp"
 #include "cuda/common/warp.cuh"
-#include "core/sm90_shapes.hpp"
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_ops.hpp"
 
@@ -57,15 +57,15 @@ struct FwdTmaParams {
   const TileCoord* schedule;
 };
 
-// The K/V ring's barriers. Where K and V are apart (sm90_shapes.hpp's fwd_kv_split; FlashAttention-3's
-// two pipelines), a stage's K is free once both consumers' score products with it have landed, a
-// step before its V, whose P V is issued with the next tile's scores, so the producer loads the
-// next K that much earlier: full_k[s] and full_v[s] complete with the producer warpgroup's 128
-// arrivals (and the TMA bytes), empty_k[s] and empty_v[s] with every consumer thread's, four
-// arrays of `stages` barriers from `at`. Otherwise a stage has one full and one empty barrier
-// (two arrays), K and V land and are freed together, and full_v, empty_v name full_k, empty_k:
-// the code below waits and arrives on the V barriers as it does on the K ones only where they are
-// apart. fwd_ring_barriers(...) barriers in all.
+// The K/V ring's barriers. Where K and V are apart (sm90_shapes.hpp's fwd_kv_split;
+// FlashAttention-3's two pipelines), a stage's K is free once both consumers' score products with
+// it have landed, a step before its V, whose P V is issued with the next tile's scores, so the
+// producer loads the next K that much earlier: full_k[s] and full_v[s] complete with the producer
+// warpgroup's 128 arrivals (and the TMA bytes), empty_k[s] and empty_v[s] with every consumer
+// thread's, four arrays of `stages` barriers from `at`. Otherwise a stage has one full and one
+// empty barrier (two arrays), K and V land and are freed together, and full_v, empty_v name full_k,
+// empty_k: the code below waits and arrives on the V barriers as it does on the K ones only where
+// they are apart. fwd_ring_barriers(...) barriers in all.
 struct KvRing {
   uint64_t *full_k, *full_v, *empty_k, *empty_v;
 };
@@ -202,8 +202,8 @@ __device__ __forceinline__ void fwd_produce_kv(const FwdTmaParams& args, unsigne
 // Returns the number of K/V tiles consumed.
 template <class T, int DQK, int DV, bool kPersistent>
 __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* smem,
-                                           const gpu::QueryTileWork& w, int h, int g,
-                                           int q_buf, const KvRing& ring, uint64_t* q_empty) {
+                                           const gpu::QueryTileWork& w, int h, int g, int q_buf,
+                                           const KvRing& ring, uint64_t* q_empty) {
   constexpr FwdConfig C = fwd_config(DQK, DV, kPersistent);
   constexpr int BM = C.block_m, BN = C.block_n, STAGES = C.stages;
   constexpr bool SPLIT = fwd_kv_split(DQK, DV, kPersistent);  // K and V on barriers of their own
@@ -490,6 +490,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   wgmma_fence();
   issue_pv(last, (last_keys + 15) / 16);
   wgmma_commit();
+  const float sink2 = gpu::sink_log2(p, h);  // its load overlaps the last product
   // Consumer 1's last phase comes after consumer 0's: in the grid kernel no turn is left; in the
   // persistent one its pass is consumer 0's first turn of the next item.
   if (kTurnAcrossItems || cw == 0) pass_turn();
@@ -506,12 +507,10 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   float inv[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const float l = gpu::quad_sum(row_sum[half]);
-    inv[half] = l > 0.f ? 1.f / l : 0.f;
+    const gpu::RowScale fin = gpu::finish_row(row_max[half], gpu::quad_sum(row_sum[half]), sink2);
+    inv[half] = fin.inv;
     const int r = row_a + 8 * half;
-    if (r < rows && lane % 4 == 0) {
-      lse[r] = l > 0.f ? row_max[half] * gpu::kLn2 + logf(l) : -INFINITY;
-    }
+    if (r < rows && lane % 4 == 0) lse[r] = fin.lse;
   }
   if constexpr (!kStageO) {
 #pragma unroll
