@@ -38,18 +38,22 @@ const char* const kUsage = R"(usage: raggedattn <command> [options]
 
 commands:
   check   run the named verification suite (or one config, or random cases) and compare every
-          segment of O, LSE, dQ, dK, dV with the reference; last line PASS or FAIL
+          segment of O, LSE, dQ, dK, dV (and d_sink) with the reference; last line PASS or FAIL
             --backend auto|cpu|cuda|cuda_portable|cuda_sm90   (default auto: CUDA if present)
-            --dtype bf16|fp16|fp32  --dq-accum fp32|bf16  --deterministic
+            --dtype bf16|fp16|fp32  --dq-accum fp32|bf16  --deterministic  --sink  --lse-grad
             --config NAME  --heads HQ/HKV  --random N  --seed S  --list  --progress
           With the cpu backend the reference itself is checked against a float64 brute force.
+          --sink, --lse-grad: every case with attention sinks, with an LSE cotangent (the
+          sink_* and lse_grad configurations have them anyway; random cases draw them).
           --progress: each case's phase, and the rows of the float64 brute force, on stderr
           as plain lines; on a terminal they show anyway, as one line rewritten in place.
   run     run one problem, check it and time it
             --segments 100,80,76 [--kv-segments ...] [--heads 32/8] [--dim 128] [--dim-v 128]
             [--causal | --causal-bottom-right] [--window L,R [--align top-left|bottom-right]]
-            [--softcap C] [--dtype ..] [--dq-accum ..] [--deterministic] [--padded]
-            [--backend ..] [--seed S] [--repeat N] [--no-check] [--progress]
+            [--softcap C] [--sink] [--lse-grad] [--dtype ..] [--dq-accum ..] [--deterministic]
+            [--padded] [--backend ..] [--seed S] [--repeat N] [--no-check] [--progress]
+            --sink: a learnable sink logit per query head (drawn at random; d_sink checked).
+            --lse-grad: the backward is given a random cotangent of the LSE (d_lse).
             --progress: the phase (forward, backward, the check's reference or float64 brute
             force and its rows) on stderr as plain lines; shown anyway on a terminal, in place.
   bench   time one problem (run's problem options: raggedattn run --help), no checking
@@ -161,6 +165,12 @@ Options parse(Command cmd, Args& args) {
     } else if (opt == "--deterministic") {
       flag();
       o.spec.deterministic = true;
+    } else if (opt == "--sink") {
+      flag();
+      o.spec.sink = true;
+    } else if (opt == "--lse-grad") {
+      flag();
+      o.spec.lse_grad = true;
     } else if (opt == "--heads") {
       parse_heads(opt, args.value(opt), &o.spec.hq, &o.spec.hkv);
       o.have_heads = true;
@@ -421,6 +431,9 @@ int cmd_check(const Options& o) {
     c.dq_accum = o.spec.dq_accum;
     c.deterministic = o.spec.deterministic;
     c.backend = o.spec.backend;
+    // Added to what the case has: its own sinks stay where the flags are not given.
+    c.sink = c.sink || o.spec.sink;
+    c.lse_grad = c.lse_grad || o.spec.lse_grad;
   }
   // The whole suite on a path that takes only some shapes (cuda_sm90: the head dims it has a
   // kernel for in either direction): the configurations whose head dims it lacks are listed as
@@ -551,9 +564,11 @@ int cmd_run(const Options& o, bool bench) {
       << "\",\n  \"heads_q\": " << o.spec.hq << ",\n  \"heads_kv\": " << o.spec.hkv
       << ",\n  \"dim_qk\": " << o.spec.dqk << ",\n  \"dim_v\": " << o.spec.dv
       << ",\n  \"dtype\": \"" << verify::dtype_str(o.spec.dtype) << "\",\n  \"mask\": \""
-      << verify::mask_str(o.spec) << "\",\n  \"repeat\": " << r.timed_runs
-      << ",\n  \"fwd_ms\": " << r.fwd_ms << ",\n  \"bwd_ms\": " << r.bwd_ms
-      << ",\n  \"fwd_flops\": " << ff << ",\n  \"bwd_flops\": " << bf
+      << verify::mask_str(o.spec) << "\",\n  \"sink\": " << (o.spec.sink ? "true" : "false")
+      << ",\n  \"lse_grad\": " << (o.spec.lse_grad ? "true" : "false")
+      << ",\n  \"repeat\": " << r.timed_runs << ",\n  \"fwd_ms\": " << r.fwd_ms
+      << ",\n  \"bwd_ms\": " << r.bwd_ms << ",\n  \"fwd_flops\": " << ff
+      << ",\n  \"bwd_flops\": " << bf
       << ",\n  \"fwd_tflops\": " << (r.fwd_ms > 0 ? ff / r.fwd_ms * 1e-9 : 0.0)
       << ",\n  \"bwd_tflops\": " << (r.bwd_ms > 0 ? bf / r.bwd_ms * 1e-9 : 0.0)
       << ",\n  \"pause_ms\": " << o.pause_ms << ",\n  \"warmup_ms\": " << o.warmup_ms

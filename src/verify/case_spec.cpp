@@ -27,6 +27,56 @@ CaseSpec causal(const char* name, std::vector<int32_t> lens, int32_t hq, int32_t
   return c;
 }
 
+// Attention sinks and the LSE's cotangent (rattn_problem.has_sink, rattn_bwd_tensors.d_lse).
+void add_sink_cases(int32_t hq, int32_t hkv, std::vector<CaseSpec>* s) {
+  {
+    CaseSpec c = causal("sink_causal_gqa", {100, 1, 77, 45}, hq, hkv);
+    c.sink = true;
+    s->push_back(c);
+  }
+  {
+    // A band on both sides from the bottom-right diagonal, more queries than keys in the last
+    // segment: its first rows see no key (O = 0, LSE = the sink).
+    CaseSpec c = base("sink_window", {90, 37, 64}, hq, hkv);
+    c.seqlens_kv = {120, 37, 50};
+    c.alignment = RATTN_ALIGN_BOTTOM_RIGHT;
+    c.window_left = 24;
+    c.window_right = 8;
+    c.sink = true;
+    s->push_back(c);
+  }
+  {
+    // MQA with empty segments of every kind, and segments whose queries outnumber their keys under
+    // a bottom-right causal mask: rows that see nothing, whose LSE is the sink and whose d_sink
+    // share is exp(0) * d_lse.
+    CaseSpec c = causal("sink_zero_len", {50, 0, 20, 7, 0, 33}, hq, 1);
+    c.seqlens_kv = {30, 10, 0, 7, 0, 40};
+    c.alignment = RATTN_ALIGN_BOTTOM_RIGHT;
+    c.sink = true;
+    c.lse_grad = true;
+    s->push_back(c);
+  }
+  {
+    // The LSE's cotangent alone, with rows that see no key (their LSE is -inf: no gradient).
+    CaseSpec c = causal("lse_grad", {100, 1, 80, 33}, hq, hkv);
+    c.seqlens_kv = {120, 1, 60, 33};
+    c.alignment = RATTN_ALIGN_BOTTOM_RIGHT;
+    c.lse_grad = true;
+    s->push_back(c);
+  }
+  {
+    // Both, under a soft cap (the sink is in the capped scores' units), in padded THD whose
+    // padding, d_lse's columns included, holds NaN that no result may read.
+    CaseSpec c = causal("sink_lse_grad", {100, 80, 76, 17}, hq, hkv);
+    c.softcap = 2.f;
+    c.padded = true;
+    c.nan_padding = true;
+    c.sink = true;
+    c.lse_grad = true;
+    s->push_back(c);
+  }
+}
+
 }  // namespace
 
 std::vector<CaseSpec> named_suite(int32_t hq, int32_t hkv) {
@@ -141,6 +191,7 @@ std::vector<CaseSpec> named_suite(int32_t hq, int32_t hkv) {
     }
     s.push_back(causal("many_docs", std::move(lens), hq, hkv));
   }
+  add_sink_cases(hq, hkv, &s);
   return s;
 }
 
@@ -221,6 +272,10 @@ CaseSpec random_case(uint64_t seed, const RandomLimits& lim) {
   // Drawn last, so that a seed's earlier draws (its segments, shapes, masks) stay what they were.
   c.zero_padding = r.chance(0.25);
   if (c.zero_padding && r.chance(0.5)) c.trailing_rows = int32_t(r.range(1, 40));
+  // A stream of their own: every seed still draws the fields above as it did before these.
+  Rng features(mix_seed(seed, 0x73696e6b6c7365ull));
+  c.sink = features.chance(1.0 / 3);
+  c.lse_grad = features.chance(1.0 / 3);
   return c;
 }
 
@@ -278,6 +333,8 @@ std::string mask_str(const CaseSpec& s) {
     os << "no mask";
   }
   if (s.softcap > 0.f) os << ", softcap " << s.softcap;
+  if (s.sink) os << ", sinks";
+  if (s.lse_grad) os << ", lse grad";
   return os.str();
 }
 

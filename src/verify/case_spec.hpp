@@ -27,6 +27,12 @@ struct CaseSpec {
   int32_t window_left = -1;  // -1: unbounded
   int32_t window_right = -1;
   float softcap = 0.f;
+  // Learnable attention sinks (rattn_problem.has_sink): make_inputs draws one logit per query
+  // head, and the backward's d_sink is checked against the reference's.
+  bool sink = false;
+  // The backward is given a random cotangent of the LSE (rattn_bwd_tensors.d_lse), which flows
+  // into dQ, dK and d_sink; without it the backward's d_lse is null.
+  bool lse_grad = false;
   // Padded THD: seq_offsets place the segments with random gaps of padding rows between them; the
   // padding of every output is filled with a sentinel that must survive the run.
   bool padded = false;
@@ -70,8 +76,9 @@ struct RandomLimits {
 
 // A random ragged problem over the supported shapes: head dims {64, 96, 128, 192, 256} and
 // 192/128; lengths that are not multiples of 16, 1 and 0; one long segment; GQA/MQA; q != kv
-// lengths; every mask, alignment, window and softcap; padded or not. The same seed gives the same
-// case; the case is named "random_<seed>".
+// lengths; every mask, alignment, window and softcap; padded or not; sinks and an LSE cotangent,
+// each about one case in three. The same seed gives the same case; the case is named
+// "random_<seed>".
 CaseSpec random_case(uint64_t seed, const RandomLimits& limits = {});
 
 // Visible (query, key) pairs of the case's mask over all segments, for FLOP counts.
@@ -88,7 +95,8 @@ double backward_flops(const CaseSpec& spec);
 const char* dtype_str(rattn_dtype t);
 const char* backend_str(rattn_backend b);
 const char* dq_accum_str(rattn_dq_accum a);
-std::string mask_str(const CaseSpec& spec);  // e.g. "causal top-left, window (64, 0), softcap 2"
+// The attention's math, e.g. "causal top-left, window (64, 0), softcap 2, sinks, lse grad".
+std::string mask_str(const CaseSpec& spec);
 std::string segments_str(const CaseSpec& spec);  // e.g. "[100,80,76]" or "q[37,90] kv[128,50]"
 
 // Parsers of the same names; return false on an unknown name.

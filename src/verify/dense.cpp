@@ -104,12 +104,17 @@ std::vector<uint8_t> mask_matrix(const DenseProblem& p) {
   return m;
 }
 
-// Row r's log-sum-exp over the visible scores (-inf when none is visible).
-double row_lse(const double* s, int64_t n) {
-  double m = kNegInf;
+// Query head h's sink logit; -inf (a column that adds nothing) without sinks.
+double sink_of(const DenseProblem& p, int32_t h) {
+  return p.sink.empty() ? kNegInf : p.sink[size_t(h)];
+}
+
+// Row r's log-sum-exp over the visible scores and the sink's column (-inf when there is neither).
+double row_lse(const double* s, int64_t n, double sink) {
+  double m = sink;
   for (int64_t c = 0; c < n; ++c) m = std::max(m, s[c]);
   if (m == kNegInf) return kNegInf;
-  double l = 0;
+  double l = std::exp(sink - m);                            // 0 without a sink
   for (int64_t c = 0; c < n; ++c) l += std::exp(s[c] - m);  // exp(-inf) = 0 for masked keys
   return m + std::log(l);
 }
@@ -200,7 +205,7 @@ DenseForward dense_forward(const DenseProblem& p, const DenseTensor& q, const De
       scores(p, mask, q, k, h, &s, nullptr);
       for (int64_t r = 0; r < p.rows_q; ++r, rows.row_done()) {
         const double* sr = &s[size_t(r * p.rows_kv)];
-        const double lse = row_lse(sr, p.rows_kv);
+        const double lse = row_lse(sr, p.rows_kv, sink_of(p, h));
         f.lse.row(r, h)[0] = lse;
         if (lse == kNegInf) continue;  // O stays 0
         double* o = f.o.row(r, h);
@@ -215,11 +220,13 @@ DenseForward dense_forward(const DenseProblem& p, const DenseTensor& q, const De
 
 DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
                              const DenseTensor& v, const DenseTensor& o, const DenseTensor& d_o,
-                             const RowProgress& progress) {
+                             const DenseTensor* d_lse, const RowProgress& progress) {
   DenseBackward g;
   g.dq = DenseTensor(p.rows_q, p.hq, p.dqk);
   g.dk = DenseTensor(p.rows_kv, p.hkv, p.dqk);
   g.dv = DenseTensor(p.rows_kv, p.hkv, p.dv);
+  g.d_sink.assign(p.sink.size(), 0.0);
+  g.d_sink_magnitude.assign(p.sink.size(), 0.0);
   const std::vector<uint8_t> mask = mask_matrix(p);
   const int32_t group = p.hq / p.hkv;
   RowCounter rows(progress, p.rows_q * p.hq);
@@ -228,11 +235,21 @@ DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const 
     for (int32_t h = hk * group; h < (hk + 1) * group; ++h) {
       scores(p, mask, q, k, h, &s, &slope);
       for (int64_t r = 0; r < p.rows_q; ++r, rows.row_done()) {
+        // Padding rows belong to no softmax: with a sink their LSE would be finite, but nothing
+        // of theirs (dO, O, d_lse hold anything there) reaches a gradient.
+        if (p.seg_q[size_t(r)] < 0) continue;
         const double* sr = &s[size_t(r * p.rows_kv)];
-        const double lse = row_lse(sr, p.rows_kv);
-        if (lse == kNegInf) continue;  // a row that sees no key has zero gradients
+        const double lse = row_lse(sr, p.rows_kv, sink_of(p, h));
+        if (lse == kNegInf) continue;  // a row that sees no key and no sink has zero gradients
         const double* dor = d_o.row(r, h);
-        const double delta = dot(dor, o.row(r, h), p.dv);  // sum_j P_rj dP_rj, via O
+        // sum_j P_rj dP_rj (via O), less the LSE's cotangent: dS_rj = P_rj (dP_rj - delta).
+        const double delta = dot(dor, o.row(r, h), p.dv) - (d_lse ? d_lse->row(r, h)[0] : 0.0);
+        // The sink's column has no value (its dP is 0): dS_sink = P_sink (0 - delta).
+        if (!p.sink.empty()) {
+          const double term = std::exp(p.sink[size_t(h)] - lse) * delta;
+          g.d_sink[size_t(h)] -= term;
+          g.d_sink_magnitude[size_t(h)] += std::fabs(term);
+        }
         double* dq = g.dq.row(r, h);
         for (int64_t c = 0; c < p.rows_kv; ++c) {
           if (sr[c] == kNegInf) continue;

@@ -44,6 +44,9 @@ struct DenseProblem {
   // Row -> segment (-1: padding) and position within it; segment -> lengths.
   std::vector<int32_t> seg_q, pos_q, seg_kv, pos_kv;
   std::vector<int32_t> len_q, len_kv;
+  // Attention sinks: query head h's logit, one more column of every row's softmax with no value
+  // (raggedattn.h's has_sink). Empty: no sinks. dense_problem leaves it empty; they are inputs.
+  std::vector<double> sink;
 
   // The explicit mask: can query row r see key row c?
   bool visible(int64_t r, int64_t c) const;
@@ -54,10 +57,14 @@ DenseProblem dense_problem(const CaseSpec& spec, const PackLayout& layout);
 
 struct DenseForward {
   DenseTensor o;    // [rows_q, hq, dv]; rows that see no key: 0
-  DenseTensor lse;  // [rows_q, hq, 1]; rows that see no key: -inf
+  DenseTensor lse;  // [rows_q, hq, 1]; rows that see no key: -inf, or the sink's logit
 };
 struct DenseBackward {
   DenseTensor dq, dk, dv;
+  std::vector<double> d_sink;  // [hq] where the problem has sinks, else empty
+  // [hq]: the sum over the head's rows of the magnitudes of their d_sink terms. The terms have
+  // both signs and their sum can nearly cancel; a backend's rounding is relative to these.
+  std::vector<double> d_sink_magnitude;
 };
 
 // Told how many of the pass's rows (query rows times query heads) are done, for progress reports
@@ -69,10 +76,12 @@ int dense_threads(int32_t hkv);
 
 DenseForward dense_forward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
                            const DenseTensor& v, const RowProgress& progress = nullptr);
-// `o` is the forward output the backward is given (as the API's backward is); P is recomputed from
-// the exact scores.
+// `o` is the forward output the backward is given (as the API's backward is); P and the LSE are
+// recomputed from the exact scores. `d_lse` ([rows_q, hq, 1], may be null: zeros) is the LSE's
+// cotangent: d lse_r / d s_rc = P_rc, and d lse_r / d sink = P_r,sink.
 DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const DenseTensor& k,
                              const DenseTensor& v, const DenseTensor& o, const DenseTensor& d_o,
+                             const DenseTensor* d_lse = nullptr,
                              const RowProgress& progress = nullptr);
 
 }  // namespace verify

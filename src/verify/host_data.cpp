@@ -106,6 +106,10 @@ HostTensor lse_tensor(int64_t rows, int32_t heads) {
   return t;
 }
 
+HostTensor head_values(int32_t heads) {
+  return HostTensor(RATTN_DTYPE_FP32, heads, 1, 1);
+}
+
 HostTensor convert(const TensorView& from, int64_t rows, rattn_dtype to) {
   HostTensor t(to, rows, from.heads, from.dim);
   t.token_stride = from.token_stride;
@@ -191,6 +195,7 @@ Problem make_problem(const CaseSpec& spec, const PackLayout& l) {
   p.deterministic = spec.deterministic ? 1 : 0;
   p.backend = spec.backend;
   p.zero_padding = spec.zero_padding ? 1 : 0;
+  p.has_sink = spec.sink ? 1 : 0;
   return p;
 }
 
@@ -221,6 +226,22 @@ HostInputs make_inputs(const CaseSpec& spec, const PackLayout& l, uint64_t seed)
       }
     }
   }
+  if (spec.sink) {
+    in.sink = head_values(spec.hq);
+    Rng r(mix_seed(seed, 0x73696e6bull));
+    for (int32_t h = 0; h < spec.hq; ++h) {
+      in.sink.set(h, 0, 0, float(kSinkLow + (kSinkHigh - kSinkLow) * r.uniform()));
+    }
+  }
+  if (spec.lse_grad) {
+    in.d_lse = lse_tensor(l.total_q, spec.hq);
+    Rng r(mix_seed(seed, 0x646c7365ull));
+    for (int32_t h = 0; h < spec.hq; ++h) {
+      for (int64_t row = 0; row < l.total_q; ++row) {
+        in.d_lse.set(row, h, 0, l.q_padding[size_t(row)] ? pad_value : float(r.normal()));
+      }
+    }
+  }
   return in;
 }
 
@@ -231,6 +252,7 @@ HostOutputs make_outputs(const CaseSpec& spec, const PackLayout& l, rattn_dtype 
   out.dq = HostTensor(dtype, l.total_q, spec.hq, spec.dqk);
   out.dk = HostTensor(dtype, l.total_kv, spec.hkv, spec.dqk);
   out.dv = HostTensor(dtype, l.total_kv, spec.hkv, spec.dv);
+  if (spec.sink) out.d_sink = head_values(spec.hq);
   poison_outputs(l, &out);
   return out;
 }
@@ -244,6 +266,7 @@ void poison_outputs(const PackLayout& l, HostOutputs* out) {
     t->fill_bytes(kPoisonByte);
     t->fill_bytes(kPaddingByte, l.kv_padding);
   }
+  out->d_sink.fill_bytes(kPoisonByte);
 }
 
 int64_t changed_padding(const HostTensor& t, const std::vector<uint8_t>& padding_rows,

@@ -133,19 +133,33 @@ PackLayout make_layout(const CaseSpec& spec, uint64_t seed);
 // The library's problem description of a case on a layout (contiguous strides).
 Problem make_problem(const CaseSpec& spec, const PackLayout& layout);
 
+// One fp32 value per query head (sinks, d_sink): rows = heads, one head of dim 1 each.
+HostTensor head_values(int32_t heads);
+
+// The sinks' logits are drawn uniformly from [kSinkLow, kSinkHigh], the range of the row maxima
+// of N(0, 1) data's scores at scale 1/sqrt(d): the sink's share of a row's weight then goes from
+// a fraction of a percent (a long row, a low sink) to most of it (a short row, a high sink), so an
+// error in either direction shows.
+constexpr double kSinkLow = -1.0, kSinkHigh = 3.0;
+
 struct HostInputs {
   HostTensor q, k, v, d_o;
+  HostTensor sink;   // head_values(hq) with spec.sink; empty otherwise
+  HostTensor d_lse;  // lse_tensor's layout, N(0, 1), with spec.lse_grad; empty otherwise
 };
 
 // Fresh N(0, 1) inputs in the case's dtype (so every path sees the same representable values);
-// padding rows hold kInputPaddingValue (NaN for spec.nan_padding).
+// padding rows (d_lse's padding columns too) hold kInputPaddingValue (NaN for spec.nan_padding).
+// Sinks and d_lse come from streams of their own: a seed draws the same Q, K, V, dO either way.
 HostInputs make_inputs(const CaseSpec& spec, const PackLayout& layout, uint64_t seed);
 
 struct HostOutputs {
   HostTensor o, lse, dq, dk, dv;
+  HostTensor d_sink;  // head_values(hq) with spec.sink; empty otherwise
 };
 
-// Output tensors of a case: poisoned, with padding rows holding kPaddingByte.
+// Output tensors of a case: poisoned, with padding rows holding kPaddingByte (d_sink, which has
+// no padding, poisoned whole).
 HostOutputs make_outputs(const CaseSpec& spec, const PackLayout& layout, rattn_dtype dtype);
 // Re-applies the poison and padding patterns of make_outputs to existing tensors.
 void poison_outputs(const PackLayout& layout, HostOutputs* out);

@@ -71,7 +71,38 @@ void print_failures(std::ostream& os, const CaseReport& r) {
   }
   if (r.nondeterministic > 0) {
     os << "   ! deterministic backward: " << r.nondeterministic
-       << " bytes of dQ/dK/dV differ between two runs\n";
+       << " bytes of dQ/dK/dV/d_sink differ between two runs\n";
+  }
+  const Metrics& ds = r.d_sink;
+  if (!ds.pass) {
+    os << "   ! d_sink: ";
+    if (ds.nonfinite || ds.inf_mismatch) {
+      os << ds.nonfinite + ds.inf_mismatch << " of " << ds.rows << " heads NaN/Inf";
+    } else {
+      os << fmt("cos %.6f (min %.4f), rel %.3e (bound %.3e)", ds.cos, kMinCosine, ds.rel, ds.bound);
+    }
+    os << "\n";
+  }
+  if (r.keyless_wrong > 0) {
+    os << "   ! rows that see no key: " << r.keyless_wrong << " of " << r.keyless_rows
+       << " (row, head) pairs where O is not 0 or LSE is not the sink's logit\n";
+  }
+}
+
+// With sinks: d_sink over the heads, and whether the rows that see no key came out as defined.
+void print_sink_checks(std::ostream& os, const CaseReport& r) {
+  const Metrics& m = r.d_sink;
+  if (!m.empty()) {
+    os << "   d_sink (" << m.rows << " heads, summed over the segments):";
+    if (m.nonfinite || m.inf_mismatch || m.elements == 0) {
+      os << cell(m) << "\n";
+    } else {
+      os << fmt(" cos %.6f rel %.1e max %.1e%s\n", m.cos, m.rel, m.max_abs, m.pass ? "" : " !");
+    }
+  }
+  if (r.keyless_wrong == 0 && r.keyless_rows > 0) {
+    os << "   rows that see no key (" << r.keyless_rows
+       << " row-heads): O = 0, LSE = the sink's logit\n";
   }
 }
 
@@ -112,6 +143,10 @@ void print_summary(std::ostream& os, const CaseReport& r) {
   Tensor t = Tensor::O;
   const double w = worst_ratio(r, &seg, &t);
   if (seg >= 0) os << fmt("  worst rel/bound %.2f (%s, segment %d)", w, tensor_name(t), seg);
+  const Metrics& ds = r.d_sink;
+  if (!ds.empty() && ds.elements > 0 && ds.bound > 0) {
+    os << fmt("  d_sink rel/bound %.2f", ds.zero_ref ? ds.max_abs / ds.bound : ds.rel / ds.bound);
+  }
   os << "\n";
 }
 
@@ -144,6 +179,7 @@ void print_case(std::ostream& os, const CaseReport& r) {
       if (clean)
         os << (r.spec.zero_padding ? "   padding rows: zeroed\n" : "   padding rows: untouched\n");
     }
+    print_sink_checks(os, r);
     if (r.nondeterministic == 0) os << "   deterministic: two backward runs bitwise equal\n";
     print_failures(os, r);
   }

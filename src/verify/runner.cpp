@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "reference/reference.hpp"
 #include "verify/dense.hpp"
 #include "verify/host_data.hpp"
+#include "verify/mask_rules.hpp"
 #include "verify/memory.hpp"
 #include "verify/rng.hpp"
 
@@ -37,6 +39,7 @@ double unit_roundoff(rattn_dtype t) {
 struct Bound {
   void *q = nullptr, *k = nullptr, *v = nullptr, *d_o = nullptr;
   void *o = nullptr, *lse = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  void *sink = nullptr, *d_sink = nullptr, *d_lse = nullptr;  // null where the case has none
   const int32_t *cu_q = nullptr, *cu_kv = nullptr, *off_q = nullptr, *off_kv = nullptr;
   void *ws_fwd = nullptr, *ws_bwd = nullptr;
   size_t ws_fwd_bytes = 0, ws_bwd_bytes = 0;
@@ -52,6 +55,7 @@ struct Bound {
     t.cu_seqlens_kv = cu_kv;
     t.seq_offsets_q = off_q;
     t.seq_offsets_kv = off_kv;
+    t.sink = static_cast<const float*>(sink);
     return t;
   }
   BwdTensors bwd() const {
@@ -69,6 +73,9 @@ struct Bound {
     t.cu_seqlens_kv = cu_kv;
     t.seq_offsets_q = off_q;
     t.seq_offsets_kv = off_kv;
+    t.sink = static_cast<const float*>(sink);
+    t.d_sink = static_cast<float*>(d_sink);
+    t.d_lse = static_cast<const float*>(d_lse);
     return t;
   }
 };
@@ -76,6 +83,12 @@ struct Bound {
 Status alloc_copy(Memory& mem, const void* host, size_t bytes, void** ptr) {
   RATTN_RETURN_IF_ERROR(mem.alloc(bytes, ptr));
   return mem.upload(*ptr, host, bytes);
+}
+
+// A tensor the case may not have (sinks, d_sink, d_lse): null where it is empty.
+Status alloc_optional(Memory& mem, const HostTensor& t, void** ptr) {
+  *ptr = nullptr;
+  return t.bytes() ? alloc_copy(mem, t.data(), t.bytes(), ptr) : Status::Ok();
 }
 
 Status alloc_ints(Memory& mem, const std::vector<int32_t>& v, const int32_t** ptr) {
@@ -102,6 +115,7 @@ Status upload_outputs(Memory& mem, const HostOutputs& img, const Bound& b, bool 
   }
   RATTN_RETURN_IF_ERROR(mem.upload(b.dq, img.dq.data(), img.dq.bytes()));
   RATTN_RETURN_IF_ERROR(mem.upload(b.dk, img.dk.data(), img.dk.bytes()));
+  RATTN_RETURN_IF_ERROR(mem.upload(b.d_sink, img.d_sink.data(), img.d_sink.bytes()));
   return mem.upload(b.dv, img.dv.data(), img.dv.bytes());
 }
 
@@ -110,6 +124,7 @@ Status download_outputs(Memory& mem, const Bound& b, HostOutputs* out) {
   RATTN_RETURN_IF_ERROR(mem.download(out->lse.data(), b.lse, out->lse.bytes()));
   RATTN_RETURN_IF_ERROR(mem.download(out->dq.data(), b.dq, out->dq.bytes()));
   RATTN_RETURN_IF_ERROR(mem.download(out->dk.data(), b.dk, out->dk.bytes()));
+  RATTN_RETURN_IF_ERROR(mem.download(out->d_sink.data(), b.d_sink, out->d_sink.bytes()));
   return mem.download(out->dv.data(), b.dv, out->dv.bytes());
 }
 
@@ -174,6 +189,9 @@ Status run_reference(const CaseSpec& spec, const PackLayout& l, const HostInputs
   data.k = convert(in.k.view(), in.k.rows, dt);
   data.v = convert(in.v.view(), in.v.rows, dt);
   data.d_o = convert(in.d_o.view(), in.d_o.rows, dt);
+  // fp32 whatever the data's dtype (empty where the case has none).
+  data.sink = convert(in.sink.view(), in.sink.rows, RATTN_DTYPE_FP32);
+  data.d_lse = convert(in.d_lse.view(), in.d_lse.rows, RATTN_DTYPE_FP32);
   *o = make_outputs(s, l, dt);
   Bound b;
   b.q = data.q.data();
@@ -185,6 +203,9 @@ Status run_reference(const CaseSpec& spec, const PackLayout& l, const HostInputs
   b.dq = o->dq.data();
   b.dk = o->dk.data();
   b.dv = o->dv.data();
+  b.sink = data.sink.data();
+  b.d_sink = o->d_sink.data();
+  b.d_lse = data.d_lse.data();
   b.cu_q = l.cu_q.data();
   b.cu_kv = l.cu_kv.data();
   b.off_q = l.padded() ? l.off_q.data() : nullptr;
@@ -219,6 +240,61 @@ Status compute_reference(const CaseSpec& spec, const Plan& plan, const PackLayou
   return Status::Ok();
 }
 
+// A head_values tensor's values (empty for an empty tensor).
+std::vector<double> head_doubles(const HostTensor& t) {
+  std::vector<double> v;
+  for (int64_t h = 0; h < t.rows; ++h) v.push_back(t.view().at(h, 0, 0));
+  return v;
+}
+
+// d_sink is one value per query head, summed over every segment: it is compared as one vector
+// (rows = heads). Without sinks the metrics are empty and pass.
+Metrics check_d_sink(const HostTensor& x, const std::vector<double>& ref,
+                     const std::vector<double>* lowp, const Tolerance& tol) {
+  if (ref.empty()) return Metrics{};
+  const std::vector<double> xs = head_doubles(x);
+  Metrics m =
+      compare(xs.data(), ref.data(), lowp ? lowp->data() : nullptr, int64_t(ref.size()), tol);
+  m.rows = int64_t(ref.size());
+  return m;
+}
+
+// How far a sum lies below the magnitudes of its terms, norm-wise over the heads (>= 1): the
+// factor by which a rounding error relative to each term grows relative to the sum.
+double cancellation(const std::vector<double>& sum, const std::vector<double>& magnitude) {
+  double s = 0, m = 0;
+  for (size_t h = 0; h < sum.size(); ++h) {
+    s += sum[h] * sum[h];
+    m += magnitude[h] * magnitude[h];
+  }
+  return s > 0 ? std::max(1.0, std::sqrt(m / s)) : 1.0;
+}
+
+// With sinks, a row that sees no key has O = 0 and LSE = the sink's logit by definition (no
+// arithmetic on it but the sink's own rounding). Counts the (row, head) pairs of such rows into
+// r->keyless_rows and those where either is not so into r->keyless_wrong: the norm-wise checks
+// would let a small error there hide among the segment's other rows.
+void check_keyless_rows(const CaseSpec& spec, const PackLayout& l, const HostOutputs& out,
+                        const HostTensor& sink, CaseReport* r) {
+  constexpr double kLseTol = 1e-6;  // relative: a few fp32 ulps of a log-domain round trip
+  const MaskRule mask = MaskRule::of(spec);
+  const TensorView o = out.o.view(), lse = out.lse.view();
+  r->keyless_rows = r->keyless_wrong = 0;
+  for (const SegmentRows& s : l.segments) {
+    for (int32_t i = 0; i < s.len_q; ++i) {
+      if (mask.keys_seen(i, s.len_q, s.len_kv) > 0) continue;
+      const int64_t row = s.q_row0 + i;
+      for (int32_t h = 0; h < spec.hq; ++h) {
+        const double logit = sink.view().at(h, 0, 0);
+        bool ok = std::fabs(lse.at(row, h, 0) - logit) <= kLseTol * std::max(1.0, std::fabs(logit));
+        for (int32_t d = 0; d < spec.dv && ok; ++d) ok = o.at(row, h, d) == 0.0;
+        ++r->keyless_rows;
+        r->keyless_wrong += ok ? 0 : 1;
+      }
+    }
+  }
+}
+
 struct DenseOutputs {
   DenseForward f;
   DenseBackward g;
@@ -231,7 +307,8 @@ DenseOutputs brute_force(const CaseSpec& spec, const PackLayout& layout, const H
                          const HostTensor& o, const RunOptions& opt) {
   try {
     report_phase(opt, "float64 brute force (setup)");
-    const DenseProblem dp = dense_problem(spec, layout);
+    DenseProblem dp = dense_problem(spec, layout);
+    for (int64_t h = 0; h < in.sink.rows; ++h) dp.sink.push_back(in.sink.view().at(h, 0, 0));
     const DenseTensor q = to_dense(in.q.view(), in.q.rows);
     const DenseTensor k = to_dense(in.k.view(), in.k.rows);
     const DenseTensor v = to_dense(in.v.view(), in.v.rows);
@@ -242,7 +319,9 @@ DenseOutputs brute_force(const CaseSpec& spec, const PackLayout& layout, const H
     report_phase(opt, "float64 brute force backward");
     // The backward under test was given the forward's stored O: so is the brute force, which
     // makes the rounding of O to the dtype part of the backward's input, not of its error.
+    const DenseTensor d_lse = to_dense(in.d_lse.view(), in.d_lse.rows);
     out.g = dense_backward(dp, q, k, v, to_dense(o.view(), o.rows), d_o,
+                           spec.lse_grad ? &d_lse : nullptr,
                            row_progress(opt, "float64 brute force backward"));
     return out;
   } catch (const std::bad_alloc&) {
@@ -342,6 +421,9 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
     RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dq.data(), test.dq.bytes(), &b.dq));
     RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dk.data(), test.dk.bytes(), &b.dk));
     RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dv.data(), test.dv.bytes(), &b.dv));
+    RATTN_RETURN_IF_ERROR(alloc_optional(*mem, in.sink, &b.sink));
+    RATTN_RETURN_IF_ERROR(alloc_optional(*mem, in.d_lse, &b.d_lse));
+    RATTN_RETURN_IF_ERROR(alloc_optional(*mem, test.d_sink, &b.d_sink));
     RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.cu_q, &b.cu_q));
     RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.cu_kv, &b.cu_kv));
     RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.off_q, &b.off_q));
@@ -376,8 +458,10 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
       RATTN_RETURN_IF_ERROR(bwd());
       stage = "memory";
       RATTN_RETURN_IF_ERROR(download_outputs(*mem, b, &again));
+      // d_sink too: it is computed in a fixed order in every mode.
       r.nondeterministic = differing_bytes(test.dq, again.dq) + differing_bytes(test.dk, again.dk) +
-                           differing_bytes(test.dv, again.dv);
+                           differing_bytes(test.dv, again.dv) +
+                           differing_bytes(test.d_sink, again.d_sink);
     }
 
     if (opt.timing_runs > 0) {
@@ -449,8 +533,12 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
     const DenseOutputs dense = brute_force(spec, layout, in, test.o, opt);
     const TensorViews ref = {dense.f.o.view(), dense.f.lse.view(), dense.g.dq.view(),
                              dense.g.dk.view(), dense.g.dv.view()};
-    r.segments =
-        check_all(layout.segments, views(test), ref, nullptr, dense_tolerances(spec.dtype));
+    const Tolerances tol = dense_tolerances(spec.dtype);
+    r.segments = check_all(layout.segments, views(test), ref, nullptr, tol);
+    // d_sink is fp32 whatever the data's dtype, as LSE is; its rounding is relative to its terms.
+    Tolerance d_sink_tol = tol[size_t(Tensor::Lse)];
+    d_sink_tol.rel_floor *= cancellation(dense.g.d_sink, dense.g.d_sink_magnitude);
+    r.d_sink = check_d_sink(test.d_sink, dense.g.d_sink, nullptr, d_sink_tol);
   } else {
     r.mode = CheckMode::Reference;
     ReferenceOutputs ref;
@@ -462,11 +550,15 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
     if (ref.lowp_dq.dq.data()) lowp[size_t(Tensor::Dq)] = ref.lowp_dq.dq.view();
     r.segments =
         check_all(layout.segments, views(test), views(ref.exact), &lowp, reference_tolerances());
+    const std::vector<double> lowp_d_sink = head_doubles(ref.lowp.d_sink);
+    r.d_sink = check_d_sink(test.d_sink, head_doubles(ref.exact.d_sink), &lowp_d_sink,
+                            reference_tolerances()[size_t(Tensor::Lse)]);
   }
+  if (spec.sink) check_keyless_rows(spec, layout, test, in.sink, &r);
   r.check_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
-  r.pass = padding_ok && r.nondeterministic <= 0 &&
+  r.pass = padding_ok && r.nondeterministic <= 0 && r.d_sink.pass && r.keyless_wrong <= 0 &&
            std::all_of(r.segments.begin(), r.segments.end(),
                        [](const SegmentCheck& s) { return s.pass(); });
   return r;

@@ -2,8 +2,9 @@
 //
 // run_case: make a plan through the public C++ API; put fresh inputs where the chosen path reads
 // them (host for cpu, device memory for CUDA paths), outputs and workspace poisoned and padding
-// rows holding a sentinel; forward, then backward fed by that forward's O and LSE; copy back; and
-// compare every segment of O, LSE, dQ, dK, dV:
+// rows holding a sentinel; forward, then backward fed by that forward's O and LSE (and, as the case
+// asks, sinks and an LSE cotangent); copy back; and compare every segment of O, LSE, dQ, dK, dV,
+// and with sinks d_sink and the rows that see no key:
 //  - a CUDA path against the exact CPU reference (fp32 data of the same values), bounded by the
 //    error of the reference's low-precision emulation (DESIGN.md "Verification"), in the data's
 //    dtype (dQ: in its 16-bit scratch's format where the plan's differs from the data's);
@@ -73,6 +74,13 @@ struct CaseReport {
   std::vector<SegmentCheck> segments;
   std::array<int64_t, kNumTensors> padding_changed{};  // padding elements written, per tensor
   int64_t nondeterministic = -1;  // deterministic backward: differing bytes of two runs (-1: n/a)
+  // With sinks: d_sink, one value per query head summed over every segment, against the
+  // reference's as one vector (rows = heads) under the LSE's tolerance; without, empty (passes).
+  Metrics d_sink;
+  // With sinks: the (row, head) pairs of rows that see no key, and those whose O is not exactly 0
+  // or whose LSE is not the sink's logit (-1: the case has no sinks).
+  int64_t keyless_rows = 0;
+  int64_t keyless_wrong = -1;
 
   double fwd_ms = 0, bwd_ms = 0;  // median of timing_runs, else the checked run's time
   int timed_runs = 0;

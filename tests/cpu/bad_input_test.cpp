@@ -36,6 +36,8 @@ struct Call {
   verify::HostInputs in;
   verify::HostOutputs out;
   std::vector<int32_t> cu_q, cu_kv;
+  // For the calls of a problem given sinks: one per query head, and d_sink (an output).
+  std::vector<float> sink = {0.5f, -0.25f}, d_sink = std::vector<float>(2);
 
   Call() {
     spec.name = "bad_inputs";
@@ -53,6 +55,7 @@ struct Call {
     }
     cu_q = layout.cu_q;
     cu_kv = layout.cu_kv;
+    std::memset(d_sink.data(), kSentinel, d_sink.size() * sizeof(float));
   }
   Problem problem() const { return verify::make_problem(spec, layout); }
 
@@ -90,6 +93,10 @@ struct Call {
       for (size_t i = 0; i < t->bytes(); ++i) changed += p[i] != kSentinel;
       EXPECT_EQ(changed, 0u) << "a rejected call wrote " << changed << " output bytes";
     }
+    const auto* p = reinterpret_cast<const uint8_t*>(d_sink.data());
+    size_t changed = 0;
+    for (size_t i = 0; i < d_sink.size() * sizeof(float); ++i) changed += p[i] != kSentinel;
+    EXPECT_EQ(changed, 0u) << "a rejected call wrote " << changed << " bytes of d_sink";
   }
 };
 
@@ -191,6 +198,11 @@ TEST(BadInputs, ZeroPaddingNotABoolean) {
                   {"zero_padding=2", "0 (padding rows untouched), 1 (padding rows zeroed)"});
 }
 
+TEST(BadInputs, HasSinkNotABoolean) {
+  expect_rejected(plan_with([](Problem* p) { p->has_sink = 2; }), RATTN_ERROR_INVALID_VALUE,
+                  {"has_sink=2", "supported: 0 (no sinks), 1 (one per query head)"});
+}
+
 TEST(BadInputs, CausalWithWindowRight) {
   expect_rejected(plan_with([](Problem* p) { p->window_right = 3; }), RATTN_ERROR_INVALID_VALUE,
                   {"causal", "window_right=3"});
@@ -245,10 +257,14 @@ TEST(BadInputs, NullProblemOrPlanPointer) {
 }
 
 // Run-time rejections: a valid plan, a bad call, through both APIs; outputs keep the sentinel.
+// Both directions' calls are rejected, or (Directions::Backward, for the backward's own tensors)
+// the backward's alone.
 using CallMutate = std::function<void(Call*, FwdTensors*, BwdTensors*)>;
+enum class Directions { Both, Backward };
 
 void expect_call_rejected(const CallMutate& m, rattn_status code,
-                          const std::vector<std::string>& keywords, const Mutate& problem = {}) {
+                          const std::vector<std::string>& keywords, const Mutate& problem = {},
+                          Directions dirs = Directions::Both) {
   Call s;
   Problem p = s.problem();
   if (problem) problem(&p);
@@ -257,7 +273,7 @@ void expect_call_rejected(const CallMutate& m, rattn_status code,
   Plan plan;
   ASSERT_TRUE(make_plan(p, cpu_caps(), &plan).ok());
   for (int api = 0; api < 2; ++api) {
-    for (int dir = 0; dir < 2; ++dir) {
+    for (int dir = dirs == Directions::Both ? 0 : 1; dir < 2; ++dir) {
       FwdTensors f = s.fwd();
       BwdTensors b = s.bwd();
       m(&s, &f, &b);
@@ -317,6 +333,45 @@ TEST(BadInputs, NonMonotoneCuSeqlens) {
         f->cu_seqlens_q = b->cu_seqlens_q = s->cu_q.data();
       },
       RATTN_ERROR_INVALID_VALUE, {"cu_seqlens_q decreases at segment 1"});
+}
+
+// Sinks: the call's sink pointers must agree with the problem's has_sink, each named.
+TEST(BadInputs, SinkGivenWithoutHasSink) {
+  expect_call_rejected(
+      [](Call* s, FwdTensors* f, BwdTensors* b) { f->sink = b->sink = s->sink.data(); },
+      RATTN_ERROR_INVALID_VALUE,
+      {": sink is given but the problem has no sinks (has_sink=0)", "set has_sink=1"});
+  expect_call_rejected([](Call* s, FwdTensors*, BwdTensors* b) { b->d_sink = s->d_sink.data(); },
+                       RATTN_ERROR_INVALID_VALUE,
+                       {"backward: d_sink is given but the problem has no sinks"}, {},
+                       Directions::Backward);
+}
+
+TEST(BadInputs, HasSinkWithoutSink) {
+  const Mutate has_sink = [](Problem* p) { p->has_sink = 1; };
+  // The backward's d_sink is given: its sink is what is missing.
+  expect_call_rejected([](Call* s, FwdTensors*, BwdTensors* b) { b->d_sink = s->d_sink.data(); },
+                       RATTN_ERROR_INVALID_VALUE, {"ward: sink is null"}, has_sink);
+  expect_call_rejected([](Call* s, FwdTensors*, BwdTensors* b) { b->sink = s->sink.data(); },
+                       RATTN_ERROR_INVALID_VALUE, {"backward: d_sink is null"}, has_sink,
+                       Directions::Backward);
+}
+
+TEST(BadInputs, MisalignedSinkOrLseCotangent) {
+  const Mutate has_sink = [](Problem* p) { p->has_sink = 1; };
+  expect_call_rejected(
+      [](Call* s, FwdTensors* f, BwdTensors* b) {
+        f->sink = b->sink =
+            reinterpret_cast<const float*>(reinterpret_cast<const char*>(s->sink.data()) + 2);
+        b->d_sink = s->d_sink.data();
+      },
+      RATTN_ERROR_INVALID_VALUE, {"sink=", "is not 4-byte aligned"}, has_sink);
+  expect_call_rejected(
+      [](Call* s, FwdTensors*, BwdTensors* b) {
+        b->d_lse = reinterpret_cast<const float*>(static_cast<const char*>(s->out.lse.data()) + 2);
+      },
+      RATTN_ERROR_INVALID_VALUE, {"backward: d_lse=", "is not 4-byte aligned"}, {},
+      Directions::Backward);
 }
 
 TEST(BadInputs, CuSeqlensPastTheTensor) {

@@ -4,13 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/mask.hpp"
@@ -266,6 +269,46 @@ TEST(HostData, NanPaddingFillsEveryInputsPaddingRowsWithNan) {
   EXPECT_TRUE(found);
 }
 
+// Sinks and d_lse come from streams of their own: Q, K, V, dO are the same with or without them.
+// Sinks lie in [kSinkLow, kSinkHigh]; d_lse's padding columns hold the padding value.
+TEST(HostData, SinksAndLseCotangentLeaveTheOtherInputsAlone) {
+  verify::CaseSpec c;
+  c.name = "sink_inputs";
+  c.seqlens_q = {7, 12};
+  c.hq = 4;
+  c.hkv = 2;
+  c.dqk = c.dv = 64;
+  c.dtype = RATTN_DTYPE_FP32;
+  c.padded = true;
+  c.nan_padding = true;
+  const verify::PackLayout l = verify::make_layout(c, 9);
+  const verify::HostInputs plain = verify::make_inputs(c, l, 9);
+  EXPECT_EQ(plain.sink.bytes(), 0u);
+  EXPECT_EQ(plain.d_lse.bytes(), 0u);
+  c.sink = c.lse_grad = true;
+  const verify::HostInputs in = verify::make_inputs(c, l, 9);
+  for (auto [a, b] : {std::make_pair(&plain.q, &in.q), std::make_pair(&plain.k, &in.k),
+                      std::make_pair(&plain.v, &in.v), std::make_pair(&plain.d_o, &in.d_o)}) {
+    ASSERT_EQ(a->bytes(), b->bytes());
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->bytes()), 0);
+  }
+  ASSERT_EQ(in.sink.rows, 4);
+  double lo = 1e9, hi = -1e9;
+  for (int32_t h = 0; h < 4; ++h) {
+    lo = std::min(lo, in.sink.view().at(h, 0, 0));
+    hi = std::max(hi, in.sink.view().at(h, 0, 0));
+  }
+  EXPECT_GE(lo, verify::kSinkLow);
+  EXPECT_LE(hi, verify::kSinkHigh);
+  EXPECT_LT(lo, hi);
+  ASSERT_EQ(in.d_lse.rows, l.total_q);
+  for (int64_t r = 0; r < l.total_q; ++r) {
+    for (int32_t h = 0; h < 4; ++h) {
+      EXPECT_EQ(std::isnan(in.d_lse.view().at(r, h, 0)), l.q_padding[size_t(r)] != 0) << r;
+    }
+  }
+}
+
 TEST(MaskRules, AgreeWithTheCoreMaskOnRandomBands) {
   // Two derivations of raggedattn.h's mask: the kernels' (src/core) and the brute force's.
   verify::Rng r(42);
@@ -372,6 +415,43 @@ TEST(Runner, PlanErrorsAreReportedWithTheLibraryMessage) {
   EXPECT_TRUE(r.plan_error());
   EXPECT_EQ(r.status, RATTN_ERROR_NOT_SUPPORTED);
   EXPECT_NE(r.error.find("head_dim_qk=100"), std::string::npos) << r.error;
+}
+
+// With sinks: d_sink is compared (one value per head), the rows that see no key are counted and
+// hold; without, neither is.
+TEST(Runner, SinkCasesCheckDSinkAndTheRowsThatSeeNoKey) {
+  verify::CaseSpec c;
+  for (const verify::CaseSpec& n : verify::named_suite(2, 1)) {
+    if (n.name == "sink_zero_len") c = n;
+  }
+  ASSERT_EQ(c.name, "sink_zero_len");
+  c.backend = RATTN_BACKEND_CPU;
+  verify::CaseReport r = verify::run_case(c, {});
+  ASSERT_EQ(r.status, RATTN_SUCCESS) << r.error;
+  EXPECT_TRUE(r.pass);
+  EXPECT_EQ(r.d_sink.rows, c.hq);
+  EXPECT_TRUE(r.d_sink.pass);
+  EXPECT_GT(r.keyless_rows, 0);
+  EXPECT_EQ(r.keyless_wrong, 0);
+  std::ostringstream os;
+  verify::print_case(os, r);
+  EXPECT_NE(os.str().find("d_sink (2 heads, summed over the segments): cos"), std::string::npos)
+      << os.str();
+  EXPECT_NE(os.str().find("sinks, lse grad"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("rows that see no key ("), std::string::npos) << os.str();
+  r.d_sink.pass = false;
+  r.keyless_wrong = 3;
+  r.pass = false;
+  std::ostringstream failed;
+  verify::print_case(failed, r);
+  EXPECT_NE(failed.str().find("! d_sink: cos"), std::string::npos) << failed.str();
+  EXPECT_NE(failed.str().find("! rows that see no key: 3 of"), std::string::npos) << failed.str();
+
+  c.sink = c.lse_grad = false;
+  const verify::CaseReport plain = verify::run_case(c, {});
+  EXPECT_TRUE(plain.pass);
+  EXPECT_TRUE(plain.d_sink.empty());
+  EXPECT_EQ(plain.keyless_wrong, -1);
 }
 
 TEST(Report, TableHasARowPerSegmentAndMarksFailures) {
