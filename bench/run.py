@@ -4,7 +4,8 @@
     python3 bench/run.py --cli build/tools/raggedattn --anchors DIR --out bench/results
 
 DIR holds the anchor scripts (anchors_torch.py, anchors_jax.py: PyTorch FA2 varlen, FlexAttention,
-dense SDPA; cuDNN through JAX on the packed layout). Every number of one report comes from the same
+dense SDPA; cuDNN through JAX on the packed layout; anchors_fa3_jax.py: FlashAttention-3 varlen
+through the flash-attn3-jax wheel, where it is importable). Every number of one report comes from the same
 run on the same GPU. Writes latest.json ({workload: {implementation: {fwd_tflops, bwd_tflops}}}),
 latest.md (a table) and latest.png (a chart) under --out.
 
@@ -36,6 +37,7 @@ ANCHOR_KEYS = {
     "sdpa_efficient": "torch_sdpa_efficient",
     "cudnn_thd": "jax_cudnn_thd",
     "jaxnn_cudnn_dense": "jax_cudnn_dense",
+    "fa3_varlen": "jax_fa3_varlen",
 }
 
 
@@ -197,7 +199,8 @@ def main():
     add_timing_args(ap)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
-    ap.add_argument("--variants", help="comma-separated subset of our variants (default: all)")
+    ap.add_argument("--variants", help="comma-separated subset of our variants (default: all but "
+                    "raggedattn_sink and raggedattn_sink_lse_grad, which run only where named)")
     ap.add_argument("--lib", action="append", default=[], metavar="TAG=DIR",
                     help="also measure the variants with the library in DIR or DIR/src (another "
                          "build of libraggedattn.so, e.g. a branch's), named <variant>_<TAG>; "
@@ -216,8 +219,12 @@ def main():
     variants = {"raggedattn": [], "raggedattn_dq_bf16": ["--dq-accum", "bf16"],
                 "raggedattn_portable": ["--backend", "cuda_portable"],
                 "raggedattn_sm90": ["--backend", "cuda_sm90"]}
+    # Measured only where --variants names them: the cost of sinks (and of an LSE cotangent) is
+    # read against the default variant in the same run.
+    optional = {"raggedattn_sink": ["--sink"], "raggedattn_sink_lse_grad": ["--sink", "--lse-grad"]}
     if args.variants:
-        variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
+        chosen = args.variants.split(",")
+        variants = {k: v for k, v in {**variants, **optional}.items() if k in chosen}
     report = {"date": datetime.date.today().isoformat(), "workloads": {},
               "meta": {"regime": regime_str(args)}}
     try:  # the GPU's name, also when no anchor runs (they report it too)
@@ -240,7 +247,12 @@ def main():
         report["workloads"][name] = {key: combine_runs(rs) for key, rs in runs.items()}
 
     if not args.no_anchors and args.anchors:
-        for script in ("anchors_torch.py", "anchors_jax.py"):
+        # FlashAttention-3 runs where its wheel (flash-attn3-jax) is importable: the anchors
+        # folder's README says how to bring it to a GPU machine.
+        for script in ("anchors_torch.py", "anchors_jax.py", "anchors_fa3_jax.py"):
+            if not os.path.exists(os.path.join(args.anchors, script)):
+                print(f"anchor {script}: not in {args.anchors}, skipped")
+                continue
             data = run_anchor(os.path.join(args.anchors, script), timeout=900)
             for k in ("torch", "cudnn", "jax", "gpu", "matmul_tflops", "copy_TBps"):
                 if k in data:
