@@ -73,7 +73,8 @@ def main():
     ap.add_argument("--lib", action="append", default=[], metavar="TAG=DIR")
     add_timing_args(ap)  # the anchors' regime by default, as bench/run.py
     args = ap.parse_args()
-    builds = [(tag or "main", env) for tag, env in lib_builds(ap, args.lib)]
+    builds = [(tag or "main", env, cli)
+              for tag, env, cli in lib_builds(ap, args.cli, args.lib)]
     results = []
     for name in args.workloads.split(","):
         lens, causal = WORKLOADS[name]
@@ -81,8 +82,8 @@ def main():
             row = {"workload": name, "dims": dims_name(dqk, dv), "cells": {}}
             for mode in args.dq_accum.split(","):
                 by = row["cells"].setdefault(mode, {})
-                for tag, env in builds:
-                    by[tag] = run_ours(args.cli, lens, causal, ["--dq-accum", mode],
+                for tag, env, cli in builds:
+                    by[tag] = run_ours(cli, lens, causal, ["--dq-accum", mode],
                                        args.repeat, env, dims=(dqk, dv), **timing_kwargs(args))
                     print(name, row["dims"], mode, tag, cell_text(by[tag]), flush=True)
             results.append(row)
@@ -90,7 +91,7 @@ def main():
     with open(os.path.join(args.out, "head_dims.json"), "w") as f:
         json.dump({"hq": HQ, "hkv": HKV, "regime": regime_str(args), "results": results}, f, indent=1)
     md = (f"raggedattn at each head dim, bf16, Hq={HQ}, Hkv={HKV}; TFLOP/s fwd / bwd; timed: "
-          f"{regime_str(args)}.\n\n" + table(results, [t for t, _ in builds]))
+          f"{regime_str(args)}.\n\n" + table(results, [t for t, _, _ in builds]))
     with open(os.path.join(args.out, "head_dims.md"), "w") as f:
         f.write(md)
     print(md)

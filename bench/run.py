@@ -99,13 +99,16 @@ def result_from_bench(res, lens, causal, dims=(D, D)):
     return r
 
 
-def lib_builds(ap, specs):
-    """This build, then each --lib TAG=DIR build, as (tag, env) pairs: the command loads
+def lib_builds(ap, cli, specs):
+    """This build, then each --lib TAG=DIR build, as (tag, env, command) triples: the command loads
     libraggedattn.so from LD_LIBRARY_PATH first. DIR may be a whole staged build
-    (scripts/stage_build.sh without --lib-only), which keeps the library under src/."""
-    builds = [("", None)]
+    (scripts/stage_build.sh without --lib-only), which keeps the library under src/; where it also
+    holds tools/raggedattn, that build's own command runs it (a command and a library of
+    different commits need not agree on the layout of the structs they share)."""
+    builds = [("", None, cli)]
     for spec in specs:
         tag, _, path = spec.partition("=")
+        own_cli = os.path.join(path, "tools", "raggedattn")
         if not os.path.isfile(os.path.join(path, "libraggedattn.so")) and os.path.isfile(
                 os.path.join(path, "src", "libraggedattn.so")):
             path = os.path.join(path, "src")
@@ -113,7 +116,8 @@ def lib_builds(ap, specs):
             # Without the library there, the loader would fall back to this build's copy and the
             # comparison would silently measure the same library twice.
             ap.error(f"--lib {spec}: {path} holds no libraggedattn.so")
-        builds.append((tag, dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(path))))
+        builds.append((tag, dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(path)),
+                       own_cli if os.path.isfile(own_cli) else cli))
     return builds
 
 
@@ -212,7 +216,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     names = args.workloads.split(",")
-    builds = lib_builds(ap, args.lib)
+    builds = lib_builds(ap, args.cli, args.lib)
     # The library's default (the best CUDA path: the Hopper path where it takes the problem), its
     # 16-bit dQ scratch, and the portable path forced, so both paths are measured each run.
     # The Hopper path forced as well, so it is measured also where auto takes the portable one.
@@ -237,10 +241,10 @@ def main():
         lens, causal = WORKLOADS[name]
         runs = {}
         for _ in range(args.processes):
-            for tag, env in builds:
+            for tag, env, cli in builds:
                 for impl, extra in variants.items():
                     key = impl + (f"_{tag}" if tag else "")
-                    r = run_ours(args.cli, lens, causal, extra, args.repeat, env,
+                    r = run_ours(cli, lens, causal, extra, args.repeat, env,
                                  **timing_kwargs(args))
                     runs.setdefault(key, []).append(r)
                     print(name, key, json.dumps(r), flush=True)
