@@ -79,10 +79,13 @@ def attention(
     softcap: float = 0.0,
     dq_accum: str = "fp32",
     deterministic: bool = False,
+    sink: Optional[Tensor] = None,
 ) -> Tensor:
     """The attention of this rank's query rows (q: its shard, [local tokens, Hq, Dqk], in
     `plan.rank_index(rank)` order; k, v likewise) over their documents across the group. Returns
-    out [local tokens, Hq, Dv] in the same order.
+    out [local tokens, Hq, Dv] in the same order. sink: learnable attention sinks [Hq], as in
+    raggedattn.torch.attention (every query row runs once, so the sinks' gradient is exact; it is
+    this rank's share, which data parallelism's gradient reduction sums over the group).
 
     deterministic: bitwise the same gradients from run to run. The library's deterministic
     backward, and the rank's first and second chunks in two calls: within each, no key row is
@@ -100,7 +103,7 @@ def attention(
     q_cu = plan.rank_cu_seqlens(rank)
     options = dict(causal=causal, causal_alignment="bottom_right",
                    window=(left, 0) if causal else (-1, -1), softmax_scale=softmax_scale,
-                   softcap=softcap, dq_accum=dq_accum, deterministic=deterministic)
+                   softcap=softcap, dq_accum=dq_accum, deterministic=deterministic, sink=sink)
     if not deterministic:
         return _pieces_attention(q, k_all, v_all, q_cu, ranges, np.arange(len(ranges)), options,
                                  plan, (rank, causal, left, "all"))
@@ -258,7 +261,7 @@ class _Ring(torch.autograd.Function):
         for s, (src, pairs) in enumerate(steps):
             for p in pairs:
                 qi, ki = p["q_rows"], p["k_rows"]
-                dq_c, dk_c, dv_c = torch.ops.raggedattn.bwd(
+                dq_c, dk_c, dv_c, _ = torch.ops.raggedattn.bwd(
                     d_out.index_select(0, qi), q.index_select(0, qi), kv[0].index_select(0, ki),
                     kv[1].index_select(0, ki), out.index_select(0, qi), lse.index_select(1, qi),
                     p["cu_q"], p["cu_k"], None, None, p["max_q"],

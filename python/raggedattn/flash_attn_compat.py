@@ -18,6 +18,9 @@ Semantics kept from FlashAttention-2:
 - FlashAttention-3's `seqused_q` / `seqused_k`: each segment b uses only the first
   seqused[b] rows of its slot [cu_seqlens[b], cu_seqlens[b + 1]) (raggedattn's padded THD
   layout); the other rows of `out` come out as zeros.
+- FlashAttention-4's `learnable_sink` ([num_heads_q], float32 or 16-bit, computed in float32):
+  head h's logit joins every row's softmax as one more column with no value (raggedattn's
+  `sink`); its gradient comes back in the tensor's dtype.
 
 What raggedattn does not have raises NotImplementedError naming the argument before anything
 runs: `dropout_p > 0`, `alibi_slopes`, `block_table` (paged KV), head dims over 256.
@@ -114,10 +117,12 @@ def flash_attn_varlen_func(
     *,
     seqused_q: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ):
     """FlashAttention-2's flash_attn_varlen_func: q [total_q, Hq, D], k and v [total_k, Hkv, D]
     (Hq a multiple of Hkv), bf16 or fp16 on CUDA (fp32 too on the CPU). Returns out
-    [total_q, Hq, Dv], or (out, softmax_lse, None) with return_attn_probs."""
+    [total_q, Hq, Dv], or (out, softmax_lse, None) with return_attn_probs. learnable_sink:
+    FlashAttention-4's attention sinks, [Hq] (raggedattn.torch.attention's `sink`)."""
     if dropout_p is not None and float(dropout_p) > 0.0:
         raise _unsupported("dropout_p", dropout_p, "raggedattn has no dropout")
     if alibi_slopes is not None:
@@ -154,6 +159,7 @@ def flash_attn_varlen_func(
         seq_offsets_kv=off_k,
         deterministic=bool(deterministic),
         return_lse=True,
+        sink=learnable_sink,
     )
     if run_v != dv:
         out = out[..., :dv]
@@ -178,13 +184,15 @@ def flash_attn_varlen_kvpacked_func(
     alibi_slopes: Optional[Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Optional[Tensor] = None,
 ):
     """kv [total_k, 2, Hkv, D]: K and V as strided views of it (no copy)."""
     k, v = kv.unbind(1)
     return flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs,
+        return_attn_probs, learnable_sink=learnable_sink,
     )
 
 
@@ -200,10 +208,13 @@ def flash_attn_varlen_qkvpacked_func(
     alibi_slopes: Optional[Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Optional[Tensor] = None,
 ):
     """qkv [total, 3, H, D]: Q, K and V as strided views of it (no copy)."""
     q, k, v = qkv.unbind(1)
     return flash_attn_varlen_func(
         q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
         window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+        learnable_sink=learnable_sink,
     )

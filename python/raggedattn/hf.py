@@ -13,8 +13,9 @@ Batches come the ways transformers' FlashAttention-2 path takes them:
 - plain, every row one sequence (with a KV cache the queries are the last rows of their keys:
   causal is aligned to the bottom-right corner).
 Models with GQA, sliding windows (`sliding_window` is the window's total length, as transformers
-counts it) and soft caps (Gemma-2) run as they are. What raggedattn cannot take raises: an
-arbitrary dense (4D) `attention_mask`, attention dropout, attention sinks (`s_aux`).
+counts it), soft caps (Gemma-2) and learnable attention sinks (gpt-oss's `s_aux`, one logit per
+query head) run as they are. What raggedattn cannot take raises: an arbitrary dense (4D)
+`attention_mask`, attention dropout.
 """
 
 from __future__ import annotations
@@ -92,8 +93,6 @@ def attention_forward(
         raise NotImplementedError(
             f"raggedattn: attention dropout ({dropout}) is not supported; set the model's "
             "attention_dropout to 0")
-    if s_aux is not None:
-        raise NotImplementedError("raggedattn: attention sinks (s_aux) are not supported yet")
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
             "raggedattn: the attention mask must be a 2D padding mask [batch, kv_len] (or none, "
@@ -109,7 +108,8 @@ def attention_forward(
     if deterministic is None:
         deterministic = os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
     options = dict(softmax_scale=scaling, causal=causal, window_size=_window(sliding_window, k_len),
-                   softcap=float(softcap or 0.0), deterministic=bool(deterministic))
+                   softcap=float(softcap or 0.0), deterministic=bool(deterministic),
+                   learnable_sink=s_aux)
 
     if attention_mask is not None:  # padded rows: each row's tokens are one segment
         return _padded_rows(q, k, v, attention_mask, options), None

@@ -61,6 +61,8 @@ class _Static:
     opts: Options
     cuda: bool  # the platform the workspace is sized for
     device: int  # its device (CUDA), -1 for the CPU
+    has_sink: bool = False  # the sink array holds [Hq] logits (else it is an empty placeholder)
+    lse_cotangent: bool = False  # the LSE is returned: its cotangent goes to the backward
 
 
 def attention(
@@ -84,8 +86,9 @@ def attention(
     dq_accum: str = "fp32",
     deterministic: bool = False,
     return_lse: bool = False,
+    sink=None,
 ):
-    """Attention over packed variable-length segments; differentiable in q, k and v.
+    """Attention over packed variable-length segments; differentiable in q, k, v and sink.
 
     Packing, one of:
       cu_seqlens_q/kv: int32 [B + 1] (segment b holds rows [cu[b], cu[b+1])), optionally with
@@ -101,8 +104,13 @@ def attention(
     max_seqlen_q/kv: static upper bounds of the segment lengths; default: the longest segment
     when the segment arrays are concrete, else the token count (always a valid bound).
 
+    sink: optional learnable attention sinks, [Hq] (float32; bfloat16 and float16 are computed in
+    float32): head h's logit sink[h], in the scores' units (after softmax_scale and softcap), joins
+    every row's softmax as one more column with no value. Differentiable.
+
     The options are those of raggedattn.torch.attention. Returns o (q's dtype), and with
-    return_lse also lse, float32 [Hq, total_q] (not differentiable: its cotangent is dropped).
+    return_lse also lse, float32 [Hq, total_q] (-inf for rows that see no key, sink[h] with
+    sinks); lse is differentiable: its cotangent flows into q, k and sink.
     Padding rows of o (and of the gradients) are zeros.
     """
     opts = make_options(
@@ -188,18 +196,27 @@ def attention(
     if max_seqlen_kv is not None:
         max_kv = int(max_seqlen_kv)
 
+    sink = _sink_array(sink, q)
     cuda, device = _target(q)
-    static = _Static(max_q, max_kv, off_q is not None, opts, cuda, device)
+    static = _Static(max_q, max_kv, off_q is not None, opts, cuda, device,
+                     has_sink=sink is not None, lse_cotangent=bool(return_lse))
     # Sizing the workspaces makes the plan: a problem the library rejects raises here, at trace
     # time, with its message.
     _plan(q.shape, k.shape, v.shape, q.dtype, cu_q.shape[0] - 1, static)
+    if sink is None:
+        sink = jnp.zeros((0,), jnp.float32)  # a placeholder, unread without sinks
+    else:
+        # Varying where q varies (inside shard_map): the cast's transpose sums the sinks'
+        # per-device gradients over those axes.
+        sink = _like(sink, q)
     o, lse = _attention(
-        q, k, v, cu_q, cu_kv,
+        q, k, v, sink, cu_q, cu_kv,
         cu_q if off_q is None else off_q,  # placeholders, unread without offsets
         cu_kv if off_kv is None else off_kv,
         static,
     )
-    lse = jax.lax.stop_gradient(lse)
+    if not return_lse:
+        lse = jax.lax.stop_gradient(lse)
     if overflow is not None:
         o = jnp.where(overflow, jnp.asarray(jnp.nan, o.dtype), o)
     if out_lead is not None:
@@ -231,6 +248,24 @@ def _check_arrays(q, k, v) -> None:
         )
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"raggedattn: q {q.shape} and k {k.shape} must have the same head_dim")
+
+
+def _sink_array(sink, q):
+    """float32 [Hq] sinks (16-bit ones upcast; their cotangent comes back in their dtype)."""
+    if sink is None:
+        return None
+    sink = jnp.asarray(sink)
+    if not jnp.issubdtype(sink.dtype, jnp.floating):
+        raise ValueError(
+            f"raggedattn: sink has dtype {sink.dtype}; supported: float32 (bfloat16 and float16 "
+            "are upcast to float32)"
+        )
+    if sink.shape != (q.shape[1],):
+        raise ValueError(
+            f"raggedattn: sink has shape {sink.shape}; expected ({q.shape[1]},), one logit per "
+            "query head"
+        )
+    return sink.astype(jnp.float32)
 
 
 def _flatten_rows(x, name: str):
@@ -327,6 +362,7 @@ def _plan(q_shape, k_shape, v_shape, dtype, batch: int, st: _Static):
     p.has_seq_offsets = int(st.has_offsets)
     p.dtype = _DTYPES[jnp.dtype(dtype)]
     st.opts.fill(p, _C)  # strides stay 0: contiguous, as the handler's problem has them
+    p.has_sink = int(st.has_sink)
     p.zero_padding = 1  # outputs are uninitialized, as in the handler's problem
     p.backend = _C.BACKEND_CUDA if st.cuda else _C.BACKEND_CPU
     return _C.get_plan(p, st.device)
@@ -347,29 +383,35 @@ def _ffi_attributes(st: _Static) -> dict:
         softcap=np.float32(o.softcap),
         dq_accum_bf16=bool(o.dq_accum_bf16),
         deterministic=bool(o.deterministic),
+        has_sink=bool(st.has_sink),
+        has_d_lse=bool(st.lse_cotangent),
     )
 
 
-def _forward(q, k, v, cu_q, cu_kv, off_q, off_kv, st: _Static):
+def _forward(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st: _Static):
     plan = _plan(q.shape, k.shape, v.shape, q.dtype, cu_q.shape[0] - 1, st)
     total_q, hq, _ = q.shape
     o_type = jax.ShapeDtypeStruct((total_q, hq, v.shape[2]), q.dtype)
     lse_type = jax.ShapeDtypeStruct((hq, total_q), jnp.float32)
     ws_type = jax.ShapeDtypeStruct((plan.workspace_size(_C.FORWARD),), jnp.uint8)
     call = jax.ffi.ffi_call("raggedattn_fwd", (o_type, lse_type, ws_type))
-    o, lse, _ = call(q, k, v, cu_q, cu_kv, off_q, off_kv, **_ffi_attributes(st))
+    o, lse, _ = call(q, k, v, cu_q, cu_kv, off_q, off_kv, sink, **_ffi_attributes(st))
     return o, lse
 
 
-def _backward(q, k, v, o, lse, d_o, cu_q, cu_kv, off_q, off_kv, st: _Static):
+def _backward(q, k, v, o, lse, d_o, sink, d_lse, cu_q, cu_kv, off_q, off_kv, st: _Static):
+    """dq, dk, dv and d_sink (float32 [Hq]; empty without sinks). d_lse is read only where the
+    LSE is returned (st.lse_cotangent): else it is an empty placeholder."""
     plan = _plan(q.shape, k.shape, v.shape, q.dtype, cu_q.shape[0] - 1, st)
     ws_type = jax.ShapeDtypeStruct((plan.workspace_size(_C.BACKWARD),), jnp.uint8)
     grad_types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    call = jax.ffi.ffi_call("raggedattn_bwd", grad_types + (ws_type,))
-    dq, dk, dv, _ = call(
-        q, k, v, o, lse, d_o.astype(q.dtype), cu_q, cu_kv, off_q, off_kv, **_ffi_attributes(st)
+    d_sink_type = jax.ShapeDtypeStruct(sink.shape, jnp.float32)
+    call = jax.ffi.ffi_call("raggedattn_bwd", grad_types + (d_sink_type, ws_type))
+    dq, dk, dv, d_sink, _ = call(
+        q, k, v, o, lse, d_o.astype(q.dtype), cu_q, cu_kv, off_q, off_kv, sink, d_lse,
+        **_ffi_attributes(st)
     )
-    return dq, dk, dv
+    return dq, dk, dv, d_sink
 
 
 def _varying_axes(x) -> frozenset:
@@ -395,26 +437,31 @@ def _like(result, operand):
     return jax.lax.pvary(result, missing)
 
 
-def _outputs(q, k, v, cu_q, cu_kv, off_q, off_kv, st: _Static):
-    o, lse = _forward(q, k, v, cu_q, cu_kv, off_q, off_kv, st)
+def _outputs(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st: _Static):
+    o, lse = _forward(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st)
     return _like(o, q), _like(lse, q)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attention(q, k, v, cu_q, cu_kv, off_q, off_kv, st: _Static):
-    return _outputs(q, k, v, cu_q, cu_kv, off_q, off_kv, st)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _attention(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st: _Static):
+    return _outputs(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st)
 
 
-def _attention_fwd(q, k, v, cu_q, cu_kv, off_q, off_kv, st: _Static):
-    o, lse = _outputs(q, k, v, cu_q, cu_kv, off_q, off_kv, st)
-    return (o, lse), (q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv)
+def _attention_fwd(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st: _Static):
+    o, lse = _outputs(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st)
+    return (o, lse), (q, k, v, sink, o, lse, cu_q, cu_kv, off_q, off_kv)
 
 
 def _attention_bwd(st: _Static, residuals, cotangents):
-    q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv = residuals
-    d_o, _ = cotangents  # lse's cotangent: dropped (attention() stops its gradient)
-    dq, dk, dv = _backward(q, k, v, o, lse, d_o, cu_q, cu_kv, off_q, off_kv, st)
-    return _like(dq, q), _like(dk, k), _like(dv, v), None, None, None, None
+    q, k, v, sink, o, lse, cu_q, cu_kv, off_q, off_kv = residuals
+    d_o, d_lse = cotangents
+    # Without return_lse the LSE's cotangent is zero (attention() stops its gradient): the
+    # library then gets none.
+    d_lse = d_lse.astype(jnp.float32) if st.lse_cotangent else jnp.zeros((0,), jnp.float32)
+    dq, dk, dv, d_sink = _backward(q, k, v, o, lse, d_o, sink, d_lse, cu_q, cu_kv, off_q, off_kv,
+                                   st)
+    d_sink = _like(d_sink, sink) if st.has_sink else None
+    return _like(dq, q), _like(dk, k), _like(dv, v), d_sink, None, None, None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

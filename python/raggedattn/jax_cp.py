@@ -98,9 +98,11 @@ class ShardLayout:
 
 
 def attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool = False,
-              window: Tuple[int, int] = (-1, -1), softmax_scale=None, softcap: float = 0.0):
+              window: Tuple[int, int] = (-1, -1), softmax_scale=None, softcap: float = 0.0,
+              sink=None):
     """Inside shard_map over `axis_name`: this device's rows of q, k, v ([rows, H, D], the
-    layout's padded shard) -> its rows of the output."""
+    layout's padded shard) -> its rows of the output. sink: learnable attention sinks [Hq], as in
+    raggedattn.jax.attention (replicated over the axis: their gradient is summed over it)."""
     left = window_left("raggedattn.jax_cp.attention", causal, window)
     table, cu_kv, longest_q, longest_kv = layout.key_rows(causal, left)
     rank = jax.lax.axis_index(axis_name)
@@ -120,4 +122,5 @@ def attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool = Fa
         window=(left, 0) if causal else (-1, -1),
         softmax_scale=softmax_scale,
         softcap=softcap,
+        sink=sink,
     )

@@ -55,6 +55,7 @@ def attention(
     dq_accum: str = "fp32",
     deterministic: bool = False,
     return_lse: bool = False,
+    sink: Optional[Tensor] = None,
 ):
     """Attention over packed variable-length segments (the shape of flash_attn_varlen_func).
 
@@ -69,9 +70,13 @@ def attention(
     window: (left, right) sliding window on the same diagonal; -1 is unbounded.
     dq_accum: "fp32" or "bf16" scratch for the backward's dQ; deterministic: bitwise repeatable
     backward.
+    sink: optional learnable attention sinks, [Hq] on q's device (float32; bfloat16 and float16
+    are computed in float32): head h's logit sink[h], in the scores' units (after softmax_scale and
+    softcap), joins every row's softmax as one more column with no value. Differentiable.
 
     Returns o [total_q, Hq, Dv], and with return_lse also lse, float32 [Hq, total_q] (natural log;
-    -inf for rows that see no key). lse is not differentiable.
+    -inf for rows that see no key, sink[h] with sinks). lse is differentiable: its gradient flows
+    into q, k and the sinks.
     """
     opts = make_options(
         causal=causal,
@@ -83,6 +88,7 @@ def attention(
         deterministic=deterministic,
     )
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q, seq_offsets_kv)
+    sink = _sink_input(sink, q)
     o, lse = torch.ops.raggedattn.fwd(
         q,
         k,
@@ -94,6 +100,7 @@ def attention(
         int(max_seqlen_q),
         int(max_seqlen_kv),
         *_option_args(opts),
+        sink,
     )
     return (o, lse) if return_lse else o
 
@@ -150,6 +157,31 @@ def _check_inputs(q, k, v, cu_q, cu_kv, off_q, off_kv) -> None:
                 )
 
 
+_SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _sink_input(sink, q: Tensor) -> Optional[Tensor]:
+    """The sinks as the op takes them: float32 [Hq] on q's device (a 16-bit sink is upcast; its
+    gradient comes back in its own dtype through the cast's backward)."""
+    if sink is None:
+        return None
+    if not isinstance(sink, Tensor):
+        raise ValueError(f"raggedattn: sink must be a torch.Tensor, got {type(sink).__name__}")
+    if sink.dtype not in _SINK_DTYPES:
+        raise ValueError(
+            f"raggedattn: sink has dtype {sink.dtype}; supported: torch.float32 (torch.bfloat16 "
+            "and torch.float16 are upcast to float32)"
+        )
+    if tuple(sink.shape) != (q.shape[1],):
+        raise ValueError(
+            f"raggedattn: sink has shape {tuple(sink.shape)}; expected ({q.shape[1]},), one logit "
+            "per query head"
+        )
+    if sink.device != q.device:
+        raise ValueError(f"raggedattn: sink is on {sink.device} but q is on {q.device}")
+    return sink.float().contiguous()
+
+
 def _check_index(name: str, t, device) -> None:
     if not isinstance(t, Tensor):
         raise ValueError(f"raggedattn: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -198,7 +230,7 @@ def _contiguous_strides(heads: int, dim: int) -> Tuple[int, int]:
 
 
 def _plan(q, k, v, o_strides, d_o_strides, q_strides, k_strides, v_strides, cu_q, has_offsets,
-          max_q, max_kv, opts: Options):
+          max_q, max_kv, opts: Options, has_sink: bool):
     p = _C.Problem()
     p.batch = cu_q.shape[0] - 1
     p.total_q, p.num_heads_q, p.head_dim_qk = q.shape
@@ -215,6 +247,7 @@ def _plan(q, k, v, o_strides, d_o_strides, q_strides, k_strides, v_strides, cu_q
     p.dk_strides = _contiguous_strides(k.shape[1], k.shape[2])
     p.dv_strides = _contiguous_strides(v.shape[1], v.shape[2])
     opts.fill(p, _C)
+    p.has_sink = int(has_sink)
     # Outputs are allocated uninitialized: the library writes zeros in their padding rows.
     p.zero_padding = 1
     if q.device.type == "cuda":
@@ -266,6 +299,7 @@ def _fwd(
     softcap: float,
     dq_accum_bf16: bool,
     deterministic: bool,
+    sink: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     opts = _options_from(
         (causal, bottom_right, window_left, window_right, softmax_scale, softcap, dq_accum_bf16,
@@ -279,7 +313,9 @@ def _fwd(
     contiguous_o = _contiguous_strides(hq, dv)
     # The backward's plan is this one when dO arrives contiguous, as it usually does.
     plan = _plan(q, k, v, contiguous_o, contiguous_o, q_strides, k_strides, v_strides,
-                 cu_seqlens_q, seq_offsets_q is not None, max_seqlen_q, max_seqlen_kv, opts)
+                 cu_seqlens_q, seq_offsets_q is not None, max_seqlen_q, max_seqlen_kv, opts,
+                 sink is not None)
+    sink = _sink_input(sink, q)  # the op called directly: the same checks as attention()'s
     # Uninitialized: the plan's zero_padding mode writes the rows outside every segment.
     o = torch.empty((total_q, hq, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
@@ -290,7 +326,7 @@ def _fwd(
             _address(q), _address(k), _address(v), _address(o), _address(lse),
             _address(cu_seqlens_q), _address(cu_seqlens_kv),
             _address(seq_offsets_q), _address(seq_offsets_kv),
-            _address(workspace), nbytes, stream,
+            _address(workspace), nbytes, stream, sink=_address(sink),
         )
     return o, lse
 
@@ -325,7 +361,11 @@ def _bwd(
     softcap: float,
     dq_accum_bf16: bool,
     deterministic: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
+    sink: Optional[Tensor] = None,
+    d_lse: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, and d_sink (float32 [Hq]; empty without sinks). d_lse: the LSE's cotangent
+    (float32 [Hq, total_q]); None is zeros."""
     opts = _options_from(
         (causal, bottom_right, window_left, window_right, softmax_scale, softcap, dq_accum_bf16,
          deterministic)
@@ -337,13 +377,18 @@ def _bwd(
     # dO comes from autograd in any layout (a sum's is a broadcast of zero strides).
     d_o, d_o_strides = _with_strides(d_o)
     lse = lse.contiguous()
+    has_sink = sink is not None
+    sink = _sink_input(sink, q)
+    if d_lse is not None:
+        d_lse = d_lse.to(torch.float32).contiguous()
     plan = _plan(q, k, v, o_strides, d_o_strides, q_strides, k_strides, v_strides, cu_seqlens_q,
-                 seq_offsets_q is not None, max_seqlen_q, max_seqlen_kv, opts)
+                 seq_offsets_q is not None, max_seqlen_q, max_seqlen_kv, opts, has_sink)
     # Uninitialized: the zero_padding mode writes zeros in the padding rows, which belong to no
     # segment's gradient.
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    d_sink = torch.empty((q.shape[1] if has_sink else 0,), dtype=torch.float32, device=q.device)
     guard, stream = _on_device(q)
     with guard:
         workspace, nbytes = _workspace(plan, _C.BACKWARD, q.device)
@@ -353,13 +398,18 @@ def _bwd(
             _address(cu_seqlens_q), _address(cu_seqlens_kv),
             _address(seq_offsets_q), _address(seq_offsets_kv),
             _address(workspace), nbytes, stream,
+            sink=_address(sink), d_sink=_address(d_sink if has_sink else None),
+            d_lse=_address(d_lse),
         )
-    return dq, dk, dv
+    return dq, dk, dv, d_sink
 
 
 @_bwd.register_fake
-def _bwd_fake(d_o, q, k, v, *args):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _bwd_fake(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q, seq_offsets_kv,
+              max_seqlen_q, max_seqlen_kv, causal, bottom_right, window_left, window_right,
+              softmax_scale, softcap, dq_accum_bf16, deterministic, sink=None, d_lse=None):
+    d_sink = q.new_empty((q.shape[1] if sink is not None else 0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_sink
 
 
 _N_OPTION_ARGS = 10  # max_seqlen_q, max_seqlen_kv and the eight options
@@ -367,17 +417,22 @@ _N_OPTION_ARGS = 10  # max_seqlen_q, max_seqlen_kv and the eight options
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, cu_q, cu_kv, off_q, off_kv = inputs[:7]
+    sink = inputs[7 + _N_OPTION_ARGS]
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv)
-    ctx.options = tuple(inputs[7:])
-    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, sink)
+    ctx.options = tuple(inputs[7:7 + _N_OPTION_ARGS])
+    # Unused outputs' gradients arrive as None: no zeros are made for an LSE nobody reads, and
+    # the library gets no d_lse then.
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, d_o: Tensor, d_lse: Optional[Tensor]):
-    q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv = ctx.saved_tensors
-    dq, dk, dv = torch.ops.raggedattn.bwd(d_o, q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv,
-                                          *ctx.options)
-    return (dq, dk, dv) + (None,) * (4 + _N_OPTION_ARGS)
+def _backward(ctx, d_o: Optional[Tensor], d_lse: Optional[Tensor]):
+    q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, sink = ctx.saved_tensors
+    if d_o is None:  # only the LSE is differentiated
+        d_o = torch.zeros_like(o)
+    dq, dk, dv, d_sink = torch.ops.raggedattn.bwd(d_o, q, k, v, o, lse, cu_q, cu_kv, off_q,
+                                                  off_kv, *ctx.options, sink, d_lse)
+    return (dq, dk, dv) + (None,) * (4 + _N_OPTION_ARGS) + (d_sink if sink is not None else None,)
 
 
 torch.library.register_autograd("raggedattn::fwd", _backward, setup_context=_setup_context)

@@ -94,6 +94,7 @@ NB_MODULE(_C, m) {
       .def_rw("softcap", &rattn_problem::softcap)
       .def_rw("window_left", &rattn_problem::window_left)
       .def_rw("window_right", &rattn_problem::window_right)
+      .def_rw("has_sink", &rattn_problem::has_sink)
       .def_rw("deterministic", &rattn_problem::deterministic)
       .def_rw("zero_padding", &rattn_problem::zero_padding);
   // Enum fields as plain ints: the values are the module's constants above.
@@ -129,7 +130,8 @@ NB_MODULE(_C, m) {
           "forward",
           [](const PyPlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
              uintptr_t cu_q, uintptr_t cu_kv, uintptr_t off_q, uintptr_t off_kv,
-             uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) -> nb::object {
+             uintptr_t workspace, size_t workspace_bytes, uintptr_t stream,
+             uintptr_t sink) -> nb::object {
             rattn_fwd_tensors t{};
             t.q = ptr<const void>(q);
             t.k = ptr<const void>(k);
@@ -140,6 +142,7 @@ NB_MODULE(_C, m) {
             t.cu_seqlens_kv = ptr<const int32_t>(cu_kv);
             t.seq_offsets_q = ptr<const int32_t>(off_q);
             t.seq_offsets_kv = ptr<const int32_t>(off_kv);
+            t.sink = ptr<const float>(sink);
             Status s;
             {
               nb::gil_scoped_release release;  // the CPU backend may run for a while
@@ -150,13 +153,15 @@ NB_MODULE(_C, m) {
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
           nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_kv"), nb::arg("seq_offsets_q"),
           nb::arg("seq_offsets_kv"), nb::arg("workspace"), nb::arg("workspace_bytes"),
-          nb::arg("stream"), "Runs the forward on addresses (0 for an absent optional tensor)")
+          nb::arg("stream"), nb::arg("sink") = 0,
+          "Runs the forward on addresses (0 for an absent optional tensor)")
       .def(
           "backward",
           [](const PyPlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t d_o,
              uintptr_t lse, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t cu_q,
              uintptr_t cu_kv, uintptr_t off_q, uintptr_t off_kv, uintptr_t workspace,
-             size_t workspace_bytes, uintptr_t stream) -> nb::object {
+             size_t workspace_bytes, uintptr_t stream, uintptr_t sink, uintptr_t d_sink,
+             uintptr_t d_lse) -> nb::object {
             rattn_bwd_tensors t{};
             t.q = ptr<const void>(q);
             t.k = ptr<const void>(k);
@@ -171,6 +176,9 @@ NB_MODULE(_C, m) {
             t.cu_seqlens_kv = ptr<const int32_t>(cu_kv);
             t.seq_offsets_q = ptr<const int32_t>(off_q);
             t.seq_offsets_kv = ptr<const int32_t>(off_kv);
+            t.sink = ptr<const float>(sink);
+            t.d_sink = ptr<float>(d_sink);
+            t.d_lse = ptr<const float>(d_lse);
             Status s;
             {
               nb::gil_scoped_release release;  // the CPU backend may run for a while
@@ -181,7 +189,8 @@ NB_MODULE(_C, m) {
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("d_o"), nb::arg("lse"),
           nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"),
           nb::arg("cu_seqlens_kv"), nb::arg("seq_offsets_q"), nb::arg("seq_offsets_kv"),
-          nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("stream"),
+          nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("stream"), nb::arg("sink") = 0,
+          nb::arg("d_sink") = 0, nb::arg("d_lse") = 0,
           "Runs the backward on addresses (0 for an absent optional tensor)");
 
   m.def(

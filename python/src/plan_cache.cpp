@@ -53,7 +53,7 @@ namespace {
 
 // Every field of the problem, and the device, as integers: rattn_problem has padding bytes, so
 // its raw bytes are no key.
-constexpr size_t kKeyFields = 38;
+constexpr size_t kKeyFields = 39;
 using Key = std::array<int64_t, kKeyFields>;
 
 int64_t float_bits(float f) {
@@ -97,6 +97,7 @@ Key make_key(const rattn_problem& p, int device) {
              int64_t(p.alignment),
              p.window_left,
              p.window_right,
+             p.has_sink,
              int64_t(p.dq_accum),
              p.deterministic,
              int64_t(p.backend),

@@ -3,8 +3,8 @@
 // jax.ffi.ffi_call with the options as attributes; the workspace is one more result buffer, sized
 // at trace time from the same cached plan (plan_cache.hpp) the handler runs here.
 //
-// Outputs arrive uninitialized: the problem's zero_padding mode writes zeros in the rows that belong
-// to no segment (padding), as with the PyTorch binding.
+// Outputs arrive uninitialized: the problem's zero_padding mode writes zeros in the rows that
+// belong to no segment (padding), as with the PyTorch binding.
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
@@ -33,6 +33,8 @@ struct AttnAttrs {
   float softcap;
   bool dq_accum_bf16;
   bool deterministic;
+  bool has_sink;   // the sink (and, in the backward, d_sink) buffers hold [num_heads_q] floats
+  bool has_d_lse;  // the backward's d_lse buffer holds the LSE's cotangent
 };
 
 }  // namespace raggedattn_py
@@ -43,7 +45,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     StructMember<bool>("causal"), StructMember<bool>("bottom_right"),
     StructMember<int64_t>("window_left"), StructMember<int64_t>("window_right"),
     StructMember<float>("softmax_scale"), StructMember<float>("softcap"),
-    StructMember<bool>("dq_accum_bf16"), StructMember<bool>("deterministic"));
+    StructMember<bool>("dq_accum_bf16"), StructMember<bool>("deterministic"),
+    StructMember<bool>("has_sink"), StructMember<bool>("has_d_lse"));
 
 namespace raggedattn_py {
 namespace {
@@ -55,6 +58,16 @@ ffi::Error expect_rank(const char* name, const ffi::AnyBuffer& b, size_t rank) {
   return ffi::Error::InvalidArgument(std::string("raggedattn (XLA FFI): ") + name + " has rank " +
                                      std::to_string(b.dimensions().size()) + ", expected " +
                                      std::to_string(rank));
+}
+
+// A float32 buffer of `count` elements where the attributes say it is present.
+ffi::Error expect_floats(const char* name, const ffi::AnyBuffer& b, int64_t count) {
+  if (b.element_type() == ffi::DataType::F32 && int64_t(b.element_count()) == count) {
+    return ffi::Error::Success();
+  }
+  return ffi::Error::InvalidArgument(
+      std::string("raggedattn (XLA FFI): ") + name + " has " + std::to_string(b.element_count()) +
+      " elements (or is not float32); expected " + std::to_string(count) + " float32");
 }
 
 ffi::Error to_ffi_error(const Status& s) {
@@ -113,6 +126,7 @@ ffi::Error make_problem(rattn_backend backend, const ffi::AnyBuffer& q, const ff
   p->softcap = a.softcap;
   p->dq_accum = a.dq_accum_bf16 ? RATTN_DQ_ACCUM_BF16 : RATTN_DQ_ACCUM_FP32;
   p->deterministic = a.deterministic ? 1 : 0;
+  p->has_sink = a.has_sink ? 1 : 0;
   p->backend = backend;
   p->zero_padding = 1;  // jax.py's _plan sets it too: the same cached plan
   return ffi::Error::Success();
@@ -125,11 +139,14 @@ T* data(const ffi::AnyBuffer& b) {
 
 ffi::Error forward(rattn_backend backend, int device, void* stream, ffi::AnyBuffer q,
                    ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_kv,
-                   ffi::AnyBuffer off_q, ffi::AnyBuffer off_kv, ffi::Result<ffi::AnyBuffer> o,
-                   ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
-                   AttnAttrs attrs) {
+                   ffi::AnyBuffer off_q, ffi::AnyBuffer off_kv, ffi::AnyBuffer sink,
+                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                   ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
   rattn_problem problem;
   if (ffi::Error e = make_problem(backend, q, k, v, cu_q, attrs, &problem); e.failure()) return e;
+  if (attrs.has_sink) {
+    if (ffi::Error e = expect_floats("sink", sink, problem.num_heads_q); e.failure()) return e;
+  }
   std::shared_ptr<const Plan> plan;
   if (Status s = get_plan(problem, device, &plan); !s.ok()) return to_ffi_error(s);
   rattn_fwd_tensors t{};
@@ -144,17 +161,32 @@ ffi::Error forward(rattn_backend backend, int device, void* stream, ffi::AnyBuff
     t.seq_offsets_q = data<const int32_t>(off_q);
     t.seq_offsets_kv = data<const int32_t>(off_kv);
   }
+  if (attrs.has_sink) t.sink = data<const float>(sink);
   return to_ffi_error(plan->forward(t, workspace->untyped_data(), workspace->size_bytes(), stream));
 }
 
 ffi::Error backward(rattn_backend backend, int device, void* stream, ffi::AnyBuffer q,
                     ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer lse,
                     ffi::AnyBuffer d_o, ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_kv,
-                    ffi::AnyBuffer off_q, ffi::AnyBuffer off_kv, ffi::Result<ffi::AnyBuffer> dq,
+                    ffi::AnyBuffer off_q, ffi::AnyBuffer off_kv, ffi::AnyBuffer sink,
+                    ffi::AnyBuffer d_lse, ffi::Result<ffi::AnyBuffer> dq,
                     ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                    ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
+                    ffi::Result<ffi::AnyBuffer> d_sink, ffi::Result<ffi::AnyBuffer> workspace,
+                    AttnAttrs attrs) {
   rattn_problem problem;
   if (ffi::Error e = make_problem(backend, q, k, v, cu_q, attrs, &problem); e.failure()) return e;
+  if (attrs.has_sink) {
+    if (ffi::Error e = expect_floats("sink", sink, problem.num_heads_q); e.failure()) return e;
+    if (ffi::Error e = expect_floats("d_sink", *d_sink, problem.num_heads_q); e.failure()) {
+      return e;
+    }
+  }
+  if (attrs.has_d_lse) {
+    if (ffi::Error e = expect_floats("d_lse", d_lse, problem.num_heads_q * problem.total_q);
+        e.failure()) {
+      return e;
+    }
+  }
   std::shared_ptr<const Plan> plan;
   if (Status s = get_plan(problem, device, &plan); !s.ok()) return to_ffi_error(s);
   rattn_bwd_tensors t{};
@@ -173,6 +205,11 @@ ffi::Error backward(rattn_backend backend, int device, void* stream, ffi::AnyBuf
     t.seq_offsets_q = data<const int32_t>(off_q);
     t.seq_offsets_kv = data<const int32_t>(off_kv);
   }
+  if (attrs.has_sink) {
+    t.sink = data<const float>(sink);
+    t.d_sink = data<float>(*d_sink);
+  }
+  if (attrs.has_d_lse) t.d_lse = data<const float>(d_lse);
   return to_ffi_error(
       plan->backward(t, workspace->untyped_data(), workspace->size_bytes(), stream));
 }
@@ -188,6 +225,7 @@ auto fwd_args(B binding) {
       .template Arg<ffi::AnyBuffer>()  // cu_seqlens_kv
       .template Arg<ffi::AnyBuffer>()  // seq_offsets_q (ignored unless has_seq_offsets)
       .template Arg<ffi::AnyBuffer>()  // seq_offsets_kv
+      .template Arg<ffi::AnyBuffer>()  // sink (ignored unless has_sink)
       .template Ret<ffi::AnyBuffer>()  // o
       .template Ret<ffi::AnyBuffer>()  // lse
       .template Ret<ffi::AnyBuffer>()  // workspace (uint8)
@@ -207,9 +245,12 @@ auto bwd_args(B binding) {
       .template Arg<ffi::AnyBuffer>()  // cu_seqlens_kv
       .template Arg<ffi::AnyBuffer>()  // seq_offsets_q
       .template Arg<ffi::AnyBuffer>()  // seq_offsets_kv
+      .template Arg<ffi::AnyBuffer>()  // sink (ignored unless has_sink)
+      .template Arg<ffi::AnyBuffer>()  // d_lse (ignored unless has_d_lse)
       .template Ret<ffi::AnyBuffer>()  // dq
       .template Ret<ffi::AnyBuffer>()  // dk
       .template Ret<ffi::AnyBuffer>()  // dv
+      .template Ret<ffi::AnyBuffer>()  // d_sink (unwritten unless has_sink)
       .template Ret<ffi::AnyBuffer>()  // workspace (uint8)
       .template Attrs<AttnAttrs>();
 }
@@ -219,19 +260,19 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 
 XLA_FFI_DEFINE_HANDLER(
     kFwdCpu,
-    [](Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv, Out o, Out lse, Out ws,
-       AttnAttrs a) {
-      return forward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, cu_q, cu_kv, off_q, off_kv, o, lse,
-                     ws, a);
+    [](Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv, Buf sink, Out o, Out lse,
+       Out ws, AttnAttrs a) {
+      return forward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, cu_q, cu_kv, off_q, off_kv, sink, o,
+                     lse, ws, a);
     },
     fwd_args(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER(
     kFwdCuda,
     [](void* stream, int32_t device, Buf q, Buf k, Buf v, Buf cu_q, Buf cu_kv, Buf off_q,
-       Buf off_kv, Out o, Out lse, Out ws, AttnAttrs a) {
-      return forward(RATTN_BACKEND_CUDA, device, stream, q, k, v, cu_q, cu_kv, off_q, off_kv, o,
-                     lse, ws, a);
+       Buf off_kv, Buf sink, Out o, Out lse, Out ws, AttnAttrs a) {
+      return forward(RATTN_BACKEND_CUDA, device, stream, q, k, v, cu_q, cu_kv, off_q, off_kv, sink,
+                     o, lse, ws, a);
     },
     fwd_args(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()),
     {ffi::Traits::kCmdBufferCompatible});
@@ -239,18 +280,19 @@ XLA_FFI_DEFINE_HANDLER(
 XLA_FFI_DEFINE_HANDLER(
     kBwdCpu,
     [](Buf q, Buf k, Buf v, Buf o, Buf lse, Buf d_o, Buf cu_q, Buf cu_kv, Buf off_q, Buf off_kv,
-       Out dq, Out dk, Out dv, Out ws, AttnAttrs a) {
+       Buf sink, Buf d_lse, Out dq, Out dk, Out dv, Out d_sink, Out ws, AttnAttrs a) {
       return backward(RATTN_BACKEND_CPU, -1, nullptr, q, k, v, o, lse, d_o, cu_q, cu_kv, off_q,
-                      off_kv, dq, dk, dv, ws, a);
+                      off_kv, sink, d_lse, dq, dk, dv, d_sink, ws, a);
     },
     bwd_args(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER(
     kBwdCuda,
     [](void* stream, int32_t device, Buf q, Buf k, Buf v, Buf o, Buf lse, Buf d_o, Buf cu_q,
-       Buf cu_kv, Buf off_q, Buf off_kv, Out dq, Out dk, Out dv, Out ws, AttnAttrs a) {
+       Buf cu_kv, Buf off_q, Buf off_kv, Buf sink, Buf d_lse, Out dq, Out dk, Out dv, Out d_sink,
+       Out ws, AttnAttrs a) {
       return backward(RATTN_BACKEND_CUDA, device, stream, q, k, v, o, lse, d_o, cu_q, cu_kv, off_q,
-                      off_kv, dq, dk, dv, ws, a);
+                      off_kv, sink, d_lse, dq, dk, dv, d_sink, ws, a);
     },
     bwd_args(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()),
     {ffi::Traits::kCmdBufferCompatible});

@@ -90,16 +90,19 @@ _SETUP = {
                 setattr(p, name, value)
             return p
 
-        def forward(plan, q=None, cu=None):
-            # plan.forward on numpy buffers; q (an address) and cu (an array) replace valid ones.
+        def forward(plan, q=None, cu=None, sink=None):
+            # plan.forward on numpy buffers; q (an address) and cu (an array) replace valid ones;
+            # sink: an array of sinks (none by default).
             t = np.zeros((10, 2, 64), np.float32)
+            o = np.zeros_like(t)
             lse = np.zeros((2, 10), np.float32)
             cu = np.array([0, 4, 10], np.int32) if cu is None else cu
             ws = np.zeros(max(plan.workspace_size(_C.FORWARD), 1) + 16, np.uint8)
             ws_address = ws.ctypes.data + (-ws.ctypes.data % 16)
             plan.forward(t.ctypes.data if q is None else q, t.ctypes.data, t.ctypes.data,
-                         np.zeros_like(t).ctypes.data, lse.ctypes.data, cu.ctypes.data,
-                         cu.ctypes.data, 0, 0, ws_address, plan.workspace_size(_C.FORWARD), 0)
+                         o.ctypes.data, lse.ctypes.data, cu.ctypes.data,
+                         cu.ctypes.data, 0, 0, ws_address, plan.workspace_size(_C.FORWARD), 0,
+                         sink=0 if sink is None else sink.ctypes.data)
 
         def misaligned_address(elements):
             # An address inside a numpy buffer of `elements` float32s plus two that is not 16-byte
@@ -186,6 +189,17 @@ CASES = [
     Case("dtype_mismatch", "jax",
          "q, k, v = inputs()\nrj.attention(q, k.astype(jnp.bfloat16), v, CU, CU)",
          "ValueError", "k has dtype bfloat16 but q has float32"),
+    # Learnable sinks: one float logit per query head (16-bit ones are upcast; integers are not).
+    Case("sink_wrong_shape", "torch", "rt.attention(*inputs(), CU, CU, 6, 6, sink=torch.zeros(3))",
+         "ValueError", "sink has shape (3,); expected (2,)"),
+    Case("sink_wrong_shape", "jax", "rj.attention(*inputs(), CU, CU, sink=jnp.zeros(3))",
+         "ValueError", "sink has shape (3,); expected (2,)"),
+    Case("sink_int_dtype", "torch",
+         "rt.attention(*inputs(), CU, CU, 6, 6, sink=torch.zeros(2, dtype=torch.int32))",
+         "ValueError", "sink has dtype torch.int32; supported: torch.float32"),
+    Case("sink_int_dtype", "jax",
+         "rj.attention(*inputs(), CU, CU, sink=jnp.zeros(2, jnp.int32))",
+         "ValueError", "sink has dtype int32; supported: float32"),
     Case("int64_cu_seqlens", "torch", "rt.attention(*inputs(), CU.long(), CU, 6, 6)",
          "ValueError", "cu_seqlens_q is torch.int64"),
     # Without x64 JAX turns int64 into int32 (and warns) before the binding sees it.
@@ -201,6 +215,13 @@ CASES = [
     Case("forward_misaligned_q", "capi",
          "forward(_C.get_plan(problem(), -1), q=misaligned_address(10 * 2 * 64))",
          "ValueError", "is not 16-byte aligned"),
+    Case("plan_has_sink_2", "capi", "_C.get_plan(problem(has_sink=2), -1)",
+         "ValueError", "has_sink=2; supported: 0 (no sinks), 1 (one per query head)"),
+    Case("forward_sink_without_has_sink", "capi",
+         "forward(_C.get_plan(problem(), -1), sink=np.zeros(2, np.float32))",
+         "ValueError", "sink is given but the problem has no sinks (has_sink=0)"),
+    Case("forward_has_sink_without_sink", "capi", "forward(_C.get_plan(problem(has_sink=1), -1))",
+         "ValueError", "sink is null"),
     Case("forward_cu_seqlens_decreasing", "capi",
          "forward(_C.get_plan(problem(), -1), cu=np.array([0, 6, 4], np.int32))",
          "ValueError", "cu_seqlens_q decreases at segment 1 (6 -> 4)"),

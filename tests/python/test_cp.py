@@ -68,7 +68,7 @@ def _free_port() -> int:
 
 
 def _worker(rank, world, port, lengths, causal, window, seed, deterministic=False,
-            strategy="all_gather"):
+            strategy="all_gather", with_sink=False):
     import torch
     import torch.distributed as dist
 
@@ -83,29 +83,39 @@ def _worker(rank, world, port, lengths, causal, window, seed, deterministic=Fals
         total, hq, hkv, d = int(cu[-1]), 4, 2, 64
         q, k, v = (torch.randn(total, h, d, generator=g) for h in (hq, hkv, hkv))
         grad = torch.randn(total, hq, d, generator=g)
+        sink = torch.rand(hq, generator=g) * 4 - 1 if with_sink else None
         # The whole batch in one process: the reference.
         full = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        if with_sink:
+            full.append(sink.clone().requires_grad_(True))
         mx = max(lengths)
-        ref = rt.attention(*full, cu, cu, mx, mx, causal=causal, window=window)
+        ref = rt.attention(*full[:3], cu, cu, mx, mx, causal=causal, window=window,
+                           sink=full[3] if with_sink else None)
         ref_grads = torch.autograd.grad(ref, full, grad)
         # This rank's shard across the group.
         plan = zigzag_shard(cu.numpy(), world)
         idx = torch.from_numpy(plan.rank_index(rank))
         mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
+        if with_sink:
+            mine.append(sink.clone().requires_grad_(True))
+        options = dict(causal=causal, window=window, deterministic=deterministic,
+                       sink=mine[3] if with_sink else None)
         if strategy == "ring":
             out = rcp.ring_attention(*mine, plan, rank, deterministic=deterministic)
         else:
-            out = rcp.attention(*mine, plan, rank, causal=causal, window=window,
-                                deterministic=deterministic)
+            out = rcp.attention(*mine[:3], plan, rank, **options)
         grads = torch.autograd.grad(out, mine, grad[idx])
         if deterministic:  # a second run: bitwise the same gradients
-            again = rcp.attention(*mine, plan, rank, causal=causal, window=window,
-                                  deterministic=True)
+            again = rcp.attention(*mine[:3], plan, rank, **options)
             for a, b in zip(grads, torch.autograd.grad(again, mine, grad[idx])):
                 assert torch.equal(a, b)
         torch.testing.assert_close(out, ref[idx], atol=2e-5, rtol=2e-5)
         for name, got, want in zip("qkv", grads, ref_grads):
             torch.testing.assert_close(got, want[idx], atol=5e-5, rtol=5e-5, msg=f"d{name}")
+        if with_sink:  # each rank's share of the sinks' gradient; the group's sum is the whole
+            d_sink = grads[3].clone()
+            dist.all_reduce(d_sink, group=None)
+            torch.testing.assert_close(d_sink, ref_grads[3], atol=5e-5, rtol=5e-5, msg="d_sink")
     finally:
         dist.destroy_process_group()
 
@@ -132,6 +142,16 @@ def test_deterministic_attention_matches_and_repeats():
 
     mp.spawn(_worker, args=(2, _free_port(), [70, 1, 0, 33, 128], True, (-1, -1), 12, True),
              nprocs=2, join=True)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_all_gather_attention_with_sinks(deterministic):
+    pytest.importorskip("torch")
+    pytest.importorskip("raggedattn.torch")
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(2, _free_port(), [70, 1, 0, 33, 128], True, (-1, -1), 14,
+                            deterministic, "all_gather", True), nprocs=2, join=True)
 
 
 @pytest.mark.parametrize("world", [2, 4])

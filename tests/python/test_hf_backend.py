@@ -1,8 +1,9 @@
 """raggedattn as a transformers attention backend (raggedattn.hf): small randomly initialized models
 on packed documents give, document by document, the logits of the same model run on each document
 alone with transformers' eager attention; padded batches and Gemma-2's sliding window and soft cap
-too; parameter gradients match each document alone (sdpa; eager for Gemma-2's soft cap), and 50
-training steps track sdpa's loss on the same packed batches;
+too, and gpt-oss's learnable attention sinks (`s_aux`); parameter gradients match each document
+alone (sdpa; eager for Gemma-2's soft cap and gpt-oss's sinks, whose gradients are compared too),
+and 50 training steps track sdpa's loss on the same packed batches;
 what the backend cannot take raises. Float32 on the CPU (the library's CPU backend) and
 bfloat16 on CUDA where there is a GPU."""
 
@@ -47,6 +48,24 @@ def gemma2(device, dtype, seed=0):
     return model_of(transformers.Gemma2ForCausalLM, config, device, dtype, seed)
 
 
+def gpt_oss(device, dtype, seed=0):
+    """A tiny gpt-oss: sinks in every layer, sliding and full attention layers, GQA, MoE."""
+    if not hasattr(transformers, "GptOssConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no gpt-oss")
+    config = transformers.GptOssConfig(
+        vocab_size=97, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=6, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = model_of(transformers.GptOssForCausalLM, config, device, dtype, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():  # sinks that take a real share of each row (their init is ~0)
+        for layer in model.model.layers:
+            sinks = layer.self_attn.sinks
+            sinks.copy_((torch.rand(sinks.shape, generator=g) * 4 - 1).to(sinks))
+    return model
+
+
 def model_of(cls, config, device, dtype, seed):
     torch.manual_seed(seed)
     model = cls(config).to(device=device, dtype=dtype).eval()
@@ -69,7 +88,7 @@ def per_document(model, docs):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("make", [llama, gemma2], ids=["llama", "gemma2"])
+@pytest.mark.parametrize("make", [llama, gemma2, gpt_oss], ids=["llama", "gemma2", "gpt_oss"])
 def test_packed_by_position_ids_matches_each_document_alone(make, device):
     dtype = dtype_for(device)
     model = make(device, dtype)
@@ -97,9 +116,10 @@ def test_flattening_collator_kwargs(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_padded_batch_matches_eager(device):
+@pytest.mark.parametrize("make", [llama, gpt_oss], ids=["llama", "gpt_oss"])
+def test_padded_batch_matches_eager(make, device):
     dtype = dtype_for(device)
-    model = llama(device, dtype)
+    model = make(device, dtype)
     docs = documents(device, seed=3)[:2]
     width = max(len(d) for d in docs)
     ids = torch.zeros(len(docs), width, dtype=torch.long, device=device)
@@ -146,8 +166,9 @@ def packed_loss(model, implementation, docs, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("make, reference", [(llama, "sdpa"), (gemma2, "eager")],
-                         ids=["llama", "gemma2"])  # sdpa has no soft cap: Gemma-2 against eager
+@pytest.mark.parametrize("make, reference",
+                         [(llama, "sdpa"), (gemma2, "eager"), (gpt_oss, "eager")],
+                         ids=["llama", "gemma2", "gpt_oss"])  # soft caps and sinks: against eager
 def test_parameter_gradients_match_per_document(make, reference, device):
     dtype = dtype_for(device)
     model = make(device, dtype).train()

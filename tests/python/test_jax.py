@@ -238,13 +238,38 @@ def test_training_step_jit_grad():
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
 
-def test_lse_is_not_differentiated():
-    case = CASES_BY_NAME["mha"]
+def test_lse_is_differentiated():
+    """The returned LSE's cotangent flows into dq and dk (here alone: o is unused)."""
+    case = CASES_BY_NAME["causal_gqa"]
     packing = make_packing(case)
     q, k, v, _ = _arrays(case, packing, jnp.float32)
     seg = segment_args(packing)
-    g = jax.grad(lambda q: jnp.sum(rj.attention(q, k, v, return_lse=True, **seg)[1]))(q)
-    assert bool(jnp.all(g == 0))
+    mask = full_mask(case, packing)
+    w = jnp.asarray(np.random.default_rng(5).standard_normal((case.hq, packing.total_q)),
+                    jnp.float32)
+
+    def ours(q, k):
+        return jnp.sum(rj.attention(q, k, v, return_lse=True, causal=True, **seg)[1] * w)
+
+    def theirs(q, k):
+        return jnp.sum(reference(q, k, v, mask, case.scale)[1] * w)
+
+    got = jax.grad(ours, argnums=(0, 1))(q, k)
+    want = jax.grad(theirs, argnums=(0, 1))(q, k)
+    assert float(jnp.abs(got[0]).max()) > 0
+    assert_segments_close("dq", got[0], want[0], packing.rows_q, GRAD_TOL[jnp.float32])
+    assert_segments_close("dk", got[1], want[1], packing.rows_kv, GRAD_TOL[jnp.float32])
+
+
+def test_lse_without_return_lse_costs_no_cotangent():
+    """return_lse=False: the gradients are those of o alone."""
+    case = CASES_BY_NAME["mha"]
+    packing = make_packing(case)
+    q, k, v, d_o = _arrays(case, packing, jnp.float32)
+    seg = segment_args(packing)
+    a = jax.grad(lambda q: jnp.sum(rj.attention(q, k, v, **seg) * d_o))(q)
+    b = jax.grad(lambda q: jnp.sum(rj.attention(q, k, v, return_lse=True, **seg)[0] * d_o))(q)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_deterministic_and_dq_accum_options_run():

@@ -1,7 +1,8 @@
 """Context parallelism in JAX (raggedattn.jax_cp): shard_map over a mesh of 2 and 4 CPU devices
 (--xla_force_host_platform_device_count, set in a child process before JAX starts) against the
 whole batch on one device, output and gradients of q, k and v token by token, for causal,
-windowed-causal and unmasked packs with GQA and documents shorter than 2·cp."""
+windowed-causal and unmasked packs with GQA and documents shorter than 2·cp; and with learnable
+sinks (replicated over the mesh axis: their gradient sums every device's share)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ CHILD = textwrap.dedent(
     from raggedattn.cp_shard import zigzag_shard
     from raggedattn.jax_cp import ShardLayout, attention
 
-    cp, mask = int(sys.argv[1]), sys.argv[2]
+    cp, mask, with_sink = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "sink"
     causal = mask != "none"
     window = (24, 0) if mask == "causal_window" else (-1, -1)
     lengths = [70, 1, 0, 33, 5, 128]
@@ -40,28 +41,32 @@ CHILD = textwrap.dedent(
     k = jnp.asarray(rng.standard_normal((total, 2, 64)), jnp.float32)
     v = jnp.asarray(rng.standard_normal((total, 2, 64)), jnp.float32)
     g = jnp.asarray(rng.standard_normal((total, 4, 64)), jnp.float32)
+    s = jnp.asarray(rng.uniform(-1.0, 3.0, 4), jnp.float32)
 
-    def whole(q, k, v):
+    def whole(q, k, v, s):
         return rj.attention(q, k, v, jnp.asarray(cu), jnp.asarray(cu), mx, mx, causal=causal,
-                            window=window)
+                            window=window, sink=s if with_sink else None)
 
     layout = ShardLayout.of(zigzag_shard(cu, cp))
     mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
-    sharded = shard_map(lambda q, k, v: attention(q, k, v, layout, "cp", causal=causal,
-                                                  window=window),
-                        mesh=mesh, in_specs=P("cp"), out_specs=P("cp"))
+    sharded = shard_map(lambda q, k, v, s: attention(q, k, v, layout, "cp", causal=causal,
+                                                     window=window,
+                                                     sink=s if with_sink else None),
+                        mesh=mesh, in_specs=(P("cp"), P("cp"), P("cp"), P()), out_specs=P("cp"))
 
-    def split(q, k, v):
-        return layout.unshard(sharded(layout.shard(q), layout.shard(k), layout.shard(v)))
+    def split(q, k, v, s):
+        return layout.unshard(sharded(layout.shard(q), layout.shard(k), layout.shard(v), s))
 
     def loss(f):
-        return lambda q, k, v: jnp.sum(f(q, k, v) * g)
+        return lambda q, k, v, s: jnp.sum(f(q, k, v, s) * g)
 
-    ref, got = whole(q, k, v), split(q, k, v)
+    ref, got = whole(q, k, v, s), split(q, k, v, s)
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=2e-5, rtol=2e-5)
-    ref_grads = jax.grad(loss(whole), argnums=(0, 1, 2))(q, k, v)
-    grads = jax.grad(loss(split), argnums=(0, 1, 2))(q, k, v)
-    for name, a, b in zip("qkv", grads, ref_grads):
+    ref_grads = jax.grad(loss(whole), argnums=(0, 1, 2, 3))(q, k, v, s)
+    grads = jax.grad(loss(split), argnums=(0, 1, 2, 3))(q, k, v, s)
+    if with_sink:
+        assert np.abs(np.asarray(ref_grads[3])).max() > 0
+    for name, a, b in zip(["q", "k", "v", "sink"], grads, ref_grads):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5,
                                    err_msg="d" + name)
     print("OK")
@@ -69,10 +74,12 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("cp", [2, 4])
-@pytest.mark.parametrize("mask", ["causal", "causal_window", "none"])
-def test_shard_map_matches_one_device(cp, mask):
+@pytest.mark.parametrize("cp, mask, sink", [
+    *((cp, mask, "none") for cp in (2, 4) for mask in ("causal", "causal_window", "none")),
+    (2, "causal", "sink"), (4, "none", "sink"),
+])
+def test_shard_map_matches_one_device(cp, mask, sink):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", CHILD, str(cp), mask], capture_output=True,
+    run = subprocess.run([sys.executable, "-c", CHILD, str(cp), mask, sink], capture_output=True,
                          text=True, timeout=300, env=env)
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]

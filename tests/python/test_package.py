@@ -41,7 +41,7 @@ def test_problem_defaults_are_the_c_api_defaults():
     p = _C.Problem()
     assert (p.dtype, p.mask, p.alignment, p.dq_accum, p.backend) == (
         _C.DTYPE_BF16, _C.MASK_NONE, _C.ALIGN_TOP_LEFT, _C.DQ_ACCUM_FP32, _C.BACKEND_AUTO)
-    assert (p.window_left, p.window_right, p.q_strides) == (-1, -1, (0, 0))
+    assert (p.window_left, p.window_right, p.q_strides, p.has_sink) == (-1, -1, (0, 0), 0)
 
 
 def test_extension_exports_only_its_init():

@@ -345,8 +345,8 @@ def test_opcheck(device):
                 seg["seq_offsets_kv"]) + options
     torch.library.opcheck(torch.ops.raggedattn.fwd.default, fwd_args)
     o, lse = torch.ops.raggedattn.fwd(*fwd_args)
-    bwd_args = (d_o, q.detach(), k, v, o.detach(), lse, seg["cu_seqlens_q"], seg["cu_seqlens_kv"],
-                seg["seq_offsets_q"], seg["seq_offsets_kv"]) + options
+    bwd_args = (d_o, q.detach(), k, v, o.detach(), lse.detach(), seg["cu_seqlens_q"],
+                seg["cu_seqlens_kv"], seg["seq_offsets_q"], seg["seq_offsets_kv"]) + options
     torch.library.opcheck(torch.ops.raggedattn.bwd.default, bwd_args)
 
 
