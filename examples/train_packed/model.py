@@ -3,6 +3,9 @@
 Attention is pluggable: `raggedattn` (the library's packed kernel, block-diagonal causal through
 cu_seqlens) or `reference` (PyTorch SDPA run per document, K/V heads repeated for GQA). Both see
 the same q, k, v in the same dtype, so two runs from one initialization differ only in the kernel.
+With `sinks=True` every attention layer has learnable per-head sinks (a logit per query head that
+joins each row's softmax as a column with no value, as in gpt-oss): raggedattn's `sink` argument,
+or for the reference a plain PyTorch softmax over the scores and the sink per document.
 """
 import math
 
@@ -46,6 +49,29 @@ def reference_attention(q, k, v, cu_seqlens, causal=True):
     return torch.cat(outs, dim=0)
 
 
+def reference_sink_attention(q, k, v, cu_seqlens, sinks, causal=True):
+    """Attention with sinks, written out per document: softmax over [scores, sink[h]] in float32,
+    the sink's column dropped before the product with V. q [T, Hq, D], k/v [T, Hkv, D],
+    sinks [Hq]."""
+    group = q.shape[1] // k.shape[1]
+    scale = q.shape[-1] ** -0.5
+    outs = []
+    cu = cu_seqlens.tolist()
+    for a, b in zip(cu[:-1], cu[1:]):
+        n = b - a
+        qs = q[a:b].transpose(0, 1).float()  # [Hq, n, D]
+        ks = k[a:b].repeat_interleave(group, dim=1).transpose(0, 1).float()
+        vs = v[a:b].repeat_interleave(group, dim=1).transpose(0, 1)
+        s = (qs @ ks.transpose(1, 2)) * scale
+        if causal:
+            mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            s = s.masked_fill(~mask, float("-inf"))
+        sink = sinks.float()[:, None, None].expand(-1, n, 1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+        outs.append((p.to(vs.dtype) @ vs).transpose(0, 1))
+    return torch.cat(outs, dim=0)
+
+
 class _CorruptDq(torch.autograd.Function):
     """Identity on q whose backward hands every document past the first the first document's dQ
     rows (cyclically) instead of its own: what a dQ scratch read with segment stride 0 returns.
@@ -70,7 +96,7 @@ class _CorruptDq(torch.autograd.Function):
 
 class Attention(nn.Module):
     def __init__(self, dim, n_heads, n_kv_heads, impl="raggedattn", dq_accum="fp32",
-                 attn_dtype=None, corrupt_dq=False, deterministic=False):
+                 attn_dtype=None, corrupt_dq=False, deterministic=False, sinks=False):
         super().__init__()
         self.h, self.hkv, self.d = n_heads, n_kv_heads, dim // n_heads
         self.wq = nn.Linear(dim, n_heads * self.d, bias=False)
@@ -79,6 +105,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_heads * self.d, dim, bias=False)
         self.impl, self.dq_accum, self.attn_dtype = impl, dq_accum, attn_dtype
         self.corrupt_dq, self.deterministic = corrupt_dq, deterministic
+        # Learnable sinks, one logit per query head (float32, starting at 0: the sink then takes
+        # the share of one key with score 0).
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
 
     def forward(self, x, positions, cu_seqlens, max_seqlen):
         t = x.shape[0]
@@ -93,7 +122,10 @@ class Attention(nn.Module):
             if self.corrupt_dq:
                 q = _CorruptDq.apply(q, cu_seqlens)
             o = rt.attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True,
-                             dq_accum=self.dq_accum, deterministic=self.deterministic)
+                             dq_accum=self.dq_accum, deterministic=self.deterministic,
+                             sink=self.sinks)
+        elif self.sinks is not None:
+            o = reference_sink_attention(q, k, v, cu_seqlens, self.sinks)
         else:
             o = reference_attention(q, k, v, cu_seqlens)
         return self.wo(o.reshape(t, self.h * self.d).to(x.dtype))

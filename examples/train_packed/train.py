@@ -6,6 +6,7 @@ attention, from the same initialization and the same data order, and compares th
     python3 examples/train_packed/train.py --device cpu --steps 3 --batch-tokens 512   # smoke test
 
     python3 examples/train_packed/train.py --hf --device cuda             # transformers' Llama
+    python3 examples/train_packed/train.py --sinks --runs reference,raggedattn   # with sinks
 
 Runs (--runs): `reference` (SDPA per document), `raggedattn` (fp32 dQ scratch),
 `raggedattn_dq_bf16` (16-bit dQ scratch) and, on request, `raggedattn_deterministic` (the same
@@ -14,6 +15,9 @@ kernel with ordered dQ additions: the noise floor of the comparison) and `ragged
 With --hf: `hf_reference` (a transformers Llama of the same size through its sdpa attention, the
 documents read from position_ids) and `hf_raggedattn` (the same model and batches through
 attn_implementation="raggedattn", fed DataCollatorWithFlattening's keyword arguments).
+`--sinks` gives every attention layer learnable per-head sinks (gpt-oss's): raggedattn's `sink`
+argument in the raggedattn runs, a plain PyTorch softmax over the scores and the sink per document
+in `reference`.
 `--replot DIR` redraws DIR's table and chart from its results.json. Reports, per raggedattn run, the largest and the mean
 absolute gap between its training loss and the reference's over all steps, and every run's loss
 on held-out documents. Writes results.json, summary.md and curves.png under --out.
@@ -76,7 +80,8 @@ def train_one(name, args, train_batches, eval_batches, device):
                           n_kv_heads=args.kv_heads, attention=RUNS[name]["hf"]).to(device)
     else:
         model = Decoder(VOCAB, dim=args.dim, layers=args.layers, n_heads=args.heads,
-                        n_kv_heads=args.kv_heads, attn_dtype=attn_dtype, **RUNS[name]).to(device)
+                        n_kv_heads=args.kv_heads, attn_dtype=attn_dtype, sinks=args.sinks,
+                        **RUNS[name]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     autocast = device.type == "cuda"
     losses, t0 = [], time.time()
@@ -106,6 +111,9 @@ def main():
     ap.add_argument("--hf", action="store_true",
                     help="a transformers Llama through attn_implementation='raggedattn' against "
                          "transformers' sdpa on the same packed batches")
+    ap.add_argument("--sinks", action="store_true",
+                    help="learnable per-head attention sinks in every layer (the reference "
+                         "computes them in plain PyTorch)")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch-tokens", type=int, default=16384)
     ap.add_argument("--eval-batches", type=int, default=8)
@@ -129,6 +137,9 @@ def main():
     for r in runs:
         if r not in RUNS:
             ap.error(f"--runs: unknown run '{r}'; known: {', '.join(RUNS)}")
+        if args.sinks and "hf" in RUNS[r]:
+            ap.error(f"--sinks: the run '{r}' is a transformers Llama, which has no sinks; "
+                     "--sinks applies to the other runs")
 
     train_docs, heldout_docs = load_documents()
     print(f"corpus: {len(train_docs)} training documents ({sum(map(len, train_docs))} bytes), "
