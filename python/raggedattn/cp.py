@@ -216,7 +216,7 @@ def _t(a, device):
 
 class _Ring(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, plan, rank, group, scale, softcap, dq_bf16, deterministic):
+    def forward(ctx, q, k, v, sink, plan, rank, group, scale, softcap, dq_bf16, deterministic):
         steps = _ring_steps(plan, rank, q.device)
         sizes = _rank_sizes(plan)
         out = torch.zeros(q.shape[:2] + (v.shape[2],), dtype=torch.float32, device=q.device)
@@ -244,14 +244,16 @@ class _Ring(torch.autograd.Function):
                 for r in requests:
                     r.wait()
                 kv = tuple(received)
+        if sink is not None:
+            out, lse = _merge_sink(out, lse, sink)
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.args = (plan, rank, group, scale, softcap, dq_bf16, deterministic, steps, sizes)
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sink = ctx.saved_tensors
         plan, rank, group, scale, softcap, dq_bf16, deterministic, steps, sizes = ctx.args
         d_out = d_out.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -283,22 +285,45 @@ class _Ring(torch.autograd.Function):
                 for r in requests:
                     r.wait()
                 dkv = tuple(received)
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 7
+        d_sink = None if sink is None else _sink_grad(d_out, out, lse, sink)
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), d_sink) + (None,) * 7
+
+
+def _merge_sink(out, lse, sink):
+    """The sinks join the merged softmax once, after every step: one more column of logit
+    sink[h] and no value, so O shrinks by exp(lse - lse') and lse' = logaddexp(lse, sink)."""
+    new = torch.logaddexp(lse, sink.float()[:, None])
+    keep = torch.where(lse.isneginf(), 0.0, torch.exp(lse - new)).T[..., None]
+    return out * keep, new
+
+
+def _sink_grad(d_out, out, lse, sink):
+    """This rank's share of d_sink[h] = -sum_i exp(sink_h - lse_i) dot(dO_i, O_i): the sink
+    column's dS summed over the rank's rows. The steps' backward needs nothing else: the merged
+    LSE already holds the sink."""
+    row_term = (d_out.float() * out.float()).sum(-1).T  # [Hq, rows]
+    p_sink = torch.exp(sink.float()[:, None] - lse)
+    return (-(p_sink * row_term).sum(1)).to(sink.dtype)
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, plan: ShardPlan, rank: int,
                    group: Optional[dist.ProcessGroup] = None, *,
                    softmax_scale: Optional[float] = None, softcap: float = 0.0,
-                   dq_accum: str = "fp32", deterministic: bool = False) -> Tensor:
+                   dq_accum: str = "fp32", deterministic: bool = False,
+                   sink: Optional[Tensor] = None) -> Tensor:
     """The ring strategy, causal: K/V chunks travel around the group, each step's attention
     runs while the next step's chunks are in flight, partial outputs merge with their LSEs in
     fp32; the backward sends dK/dV around with the chunks and uses the merged O and LSE, so each
-    step's gradients are exact. Same arguments and result as `attention(..., causal=True)`."""
+    step's gradients are exact. Sinks join the merge once, after the last step (their gradient is
+    this rank's share, as in `attention`). Same arguments and result as
+    `attention(..., causal=True)`."""
     local = len(plan.rank_index(rank))
     if q.shape[0] != local or k.shape[0] != local or v.shape[0] != local:
         raise ValueError(
             f"rank {rank} holds {local} tokens of the plan; got q, k, v with "
             f"{q.shape[0]}, {k.shape[0]}, {v.shape[0]} rows")
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
-    return _Ring.apply(q, k, v, plan, rank, group, scale, float(softcap), dq_accum == "bf16",
+    if sink is not None:
+        _rt._sink_input(sink, q)  # the same checks as attention()'s
+    return _Ring.apply(q, k, v, sink, plan, rank, group, scale, float(softcap), dq_accum == "bf16",
                        bool(deterministic))

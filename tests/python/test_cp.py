@@ -101,7 +101,8 @@ def _worker(rank, world, port, lengths, causal, window, seed, deterministic=Fals
         options = dict(causal=causal, window=window, deterministic=deterministic,
                        sink=mine[3] if with_sink else None)
         if strategy == "ring":
-            out = rcp.ring_attention(*mine, plan, rank, deterministic=deterministic)
+            out = rcp.ring_attention(*mine[:3], plan, rank, deterministic=deterministic,
+                                     sink=mine[3] if with_sink else None)
         else:
             out = rcp.attention(*mine[:3], plan, rank, **options)
         grads = torch.autograd.grad(out, mine, grad[idx])
@@ -163,3 +164,11 @@ def test_ring_attention_matches_one_process(world):
     mp.spawn(_worker, args=(world, _free_port(), [70, 1, 0, 33, 128, 5], True, (-1, -1), 13,
                             False, "ring"), nprocs=world, join=True)
 
+
+def test_ring_attention_with_sinks():
+    pytest.importorskip("torch")
+    pytest.importorskip("raggedattn.torch")
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(2, _free_port(), [70, 1, 0, 33, 128, 5], True, (-1, -1), 15,
+                            False, "ring", True), nprocs=2, join=True)
