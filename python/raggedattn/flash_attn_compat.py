@@ -23,7 +23,8 @@ Semantics kept from FlashAttention-2:
   `sink`); its gradient comes back in the tensor's dtype.
 
 What raggedattn does not have raises NotImplementedError naming the argument before anything
-runs: `dropout_p > 0`, `alibi_slopes`, `block_table` (paged KV), head dims over 256.
+runs: `dropout_p > 0`, `alibi_slopes`, `block_table` (paged KV), head dims over 256. The error is
+an `UnsupportedFeature` (a NotImplementedError) whose `.features` names the arguments.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from torch import Tensor
 from . import torch as _rt
 
 __all__ = [
+    "UnsupportedFeature",
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
@@ -47,11 +49,21 @@ __all__ = [
 _MAX_HEAD_DIM = 256
 
 
-def _unsupported(argument: str, given, why: str = "") -> NotImplementedError:
+class UnsupportedFeature(NotImplementedError):
+    """A FlashAttention argument raggedattn does not implement. `.features` names the arguments,
+    so a caller (or a test suite written for FlashAttention) can tell a missing feature from a
+    failure and take another path for that call."""
+
+    def __init__(self, message: str, features):
+        super().__init__(message)
+        self.features = tuple(features)
+
+
+def _unsupported(argument: str, given, why: str = "") -> UnsupportedFeature:
     detail = f": {why}" if why else ""
-    return NotImplementedError(
-        f"raggedattn flash_attn_varlen_func: {argument}={given!r} is not supported{detail}"
-    )
+    return UnsupportedFeature(
+        f"raggedattn flash_attn_varlen_func: {argument}={given!r} is not supported{detail}",
+        [argument])
 
 
 @lru_cache(maxsize=None)

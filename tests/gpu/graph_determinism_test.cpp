@@ -200,6 +200,9 @@ void Fixture::ReplaysToTheSameBytes(const verify::CaseSpec& spec) {
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 3; ++replay) {
     for (const DeviceTensor* t : outs) Poison(*t);
+    // The poison's memsets run on the legacy default stream, which `stream` (non-blocking) does
+    // not wait for: without this, they may land after the replay has written the outputs.
+    CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     for (int t = 0; t < 5; ++t) {

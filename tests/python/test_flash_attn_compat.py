@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 rt = pytest.importorskip("raggedattn.torch")
+compat = pytest.importorskip("raggedattn.flash_attn_compat")
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -162,8 +163,12 @@ def test_seqused_reads_only_the_used_rows_of_each_slot(device):
 )
 def test_what_raggedattn_lacks_raises_naming_the_argument(argument, kwargs):
     q, k, v, cu, _, m, _ = problem([8], [8], 2, 2, 64, 64, torch.float32, "cpu", 1)
-    with pytest.raises(NotImplementedError, match=argument):
+    with pytest.raises(NotImplementedError, match=argument) as raised:
         rt.flash_attn_varlen_func(q, k, v, cu, cu, m, m, **kwargs)
+    # The features it names: how FlashAttention's own test suite tells a missing feature (a skip)
+    # from a failure when it runs against this function.
+    assert isinstance(raised.value, compat.UnsupportedFeature)
+    assert raised.value.features == (argument,)
 
 
 def test_head_dims_over_256_raise_not_implemented():
