@@ -1,4 +1,5 @@
-"""Context-parallel attention in JAX over a mesh axis (the all-gather strategy), inside shard_map.
+"""Context-parallel attention in JAX over a mesh axis, inside shard_map: the all-gather strategy
+(`attention`) and the ring strategy (`ring_attention`, causal).
 
 The same scheme as raggedattn.cp for PyTorch: every document in 2·cp zigzag chunks
 (raggedattn.cp_shard), K and V gathered over the axis once, each of a device's query chunks
@@ -14,6 +15,12 @@ gradients, the all-gather's transpose (a reduce-scatter) returns them to their o
     f = shard_map(lambda q, k, v: attention(q, k, v, layout, "cp", causal=True), mesh,
                   in_specs=P("cp"), out_specs=P("cp"))
     out = layout.unshard(f(q_sharded, k_sharded, v_sharded))       # back in document order
+
+The ring strategy (as raggedattn.cp.ring_attention) passes K and V around the axis with
+ppermute instead, one hop per step; each step is one call of the library on this device's query
+pieces and the key chunks they see, and the partial outputs merge by their LSEs in fp32. Its
+backward is autodiff's too: through the merge (the LSE's cotangent goes to the library's
+backward) and through ppermute, whose transpose sends the keys' gradients back the other way.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import numpy as np
 from . import jax as _rj
 from .cp_shard import ShardPlan, row_ranges, window_left
 
-__all__ = ["ShardLayout", "attention"]
+__all__ = ["ShardLayout", "RingStep", "attention", "ring_attention"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +100,72 @@ class ShardLayout:
         table = np.zeros((plan.cp, width), dtype=np.int32)
         for r, x in enumerate(per_rank):
             table[r, :len(x)] = x
-        longest_q = max(1, int(np.diff(self.cu_q, axis=1).max(initial=0)))
-        return table, np.stack(cu_kv).astype(np.int32), longest_q, longest_kv
+        return table, np.stack(cu_kv).astype(np.int32), self.longest_q, longest_kv
+
+    @property
+    def longest_q(self) -> int:
+        """The longest query piece of any device (at least 1)."""
+        return max(1, int(np.diff(self.cu_q, axis=1).max(initial=0)))
+
+    def ring_steps(self) -> Tuple["RingStep", ...]:
+        """The ring strategy's steps, made once per plan (see RingStep)."""
+        return self.plan.derived(("jax ring", self.rows), self._make_ring_steps)
+
+    def _make_ring_steps(self) -> Tuple["RingStep", ...]:
+        # At step s device r holds the keys of src = r - s (mod cp). Query chunk i sees key chunk
+        # j entirely where j < i, on the diagonal (j == i: the same chunk, step 0 only) causally,
+        # not at all where j > i, as in raggedattn.cp._make_ring_steps. A query piece's key
+        # segment is the src chunks it sees, of its document, in chunk order: the diagonal comes
+        # last, so one causal call with the bottom-right alignment puts every query of step 0 on
+        # its diagonal and sees the earlier chunk whole; later steps have no diagonal and are
+        # unmasked.
+        plan, cp = self.plan, self.plan.cp
+        steps = []
+        for s in range(cp):
+            per_rank, cu_kv, longest_kv = [], [], 1
+            for r in range(cp):
+                src = (r - s) % cp
+                src_cu = self.cu_q[src].astype(np.int64)  # src's local piece boundaries
+                starts, ends = [], []
+                for piece in range(2 * plan.num_docs):
+                    doc, kind = divmod(piece, 2)
+                    i = plan.rank_chunks(r)[kind]
+                    # src's chunks in chunk order (kind 0 < kind 1): those seen are a prefix,
+                    # and src's pieces of one document are adjacent rows, so they are a range.
+                    seen = [kk for kk, j in enumerate(plan.rank_chunks(src)) if j <= i]
+                    assert (i in plan.rank_chunks(src)) == (s == 0)  # the diagonal: step 0
+                    lo = src_cu[2 * doc] if seen else 0
+                    hi = src_cu[2 * doc + seen[-1] + 1] if seen else 0
+                    starts.append(lo)
+                    ends.append(hi)
+                starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+                per_rank.append(row_ranges(starts, ends))
+                lengths = ends - starts
+                cu_kv.append(np.concatenate([[0], np.cumsum(lengths)]))
+                longest_kv = max(longest_kv, int(lengths.max(initial=0)))
+            width = max(1, max(len(x) for x in per_rank))
+            table = np.zeros((cp, width), dtype=np.int32)  # padding: row 0, outside every segment
+            for r, x in enumerate(per_rank):
+                table[r, :len(x)] = x
+            steps.append(RingStep(causal=(s == 0), key_rows=table,
+                                  cu_kv=np.stack(cu_kv).astype(np.int32), longest_kv=longest_kv))
+        return tuple(steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class RingStep:
+    """One step of the ring strategy: every device's query pieces (its local rows, segments
+    ShardLayout.cu_q) against the key chunks it holds at that step (those of device r - s).
+
+    causal: the step's mask (step 0, where each query piece meets its own chunk; later steps
+    unmasked); key_rows: int32 [cp, K], per device the rows of the held K/V shard each query
+    piece reads, piece after piece (padded with row 0); cu_kv: int32 [cp, 2B + 1], their
+    segments; longest_kv: the longest key segment of any device."""
+
+    causal: bool
+    key_rows: np.ndarray
+    cu_kv: np.ndarray
+    longest_kv: int
 
 
 def attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool = False,
@@ -124,3 +195,84 @@ def attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool = Fa
         softcap=softcap,
         sink=sink,
     )
+
+
+def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, softmax_scale=None,
+                   softcap: float = 0.0, dq_accum: str = "fp32", sink=None):
+    """The ring strategy, causal only (as raggedattn.cp.ring_attention): inside shard_map over
+    `axis_name`, this device's rows of q, k, v ([rows, H, D], the layout's padded shard) -> its
+    rows of the output, the same as `attention(..., causal=True)`.
+
+    K and V travel around the axis with ppermute, one hop per step (cp steps; the next step's
+    chunks can travel while this step computes); each step runs this device's query pieces on
+    the key chunks they see (ShardLayout.ring_steps) and the partial outputs merge by their LSEs
+    in fp32. The backward is autodiff's through the merge and the ppermutes, so its gradients are
+    exact; it keeps every step's K/V as residuals (training memory about the all-gather's).
+
+    sink: learnable attention sinks [Hq] (replicated over the axis), joining the merged softmax
+    once after the last step; their gradient is summed over the axis."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 3 or x.shape[0] != layout.rows:
+            raise ValueError(
+                f"raggedattn.jax_cp.ring_attention: {name} has shape {tuple(x.shape)}; each "
+                f"device's shard of the layout is [{layout.rows}, heads, head_dim]")
+    cp = layout.plan.cp
+    axis_size = jax.lax.axis_size(axis_name) if hasattr(jax.lax, "axis_size") else None
+    if axis_size is not None and int(axis_size) != cp:
+        raise ValueError(
+            f"raggedattn.jax_cp.ring_attention: the layout is for cp={cp} devices but mesh axis "
+            f"{axis_name!r} has {int(axis_size)}")
+    if sink is not None:
+        sink = _rj._sink_array(sink, q)  # attention()'s checks: float, [Hq]
+    rank = jax.lax.axis_index(axis_name)
+    cu_q = jnp.asarray(layout.cu_q)[rank]
+    to_next = [(r, (r + 1) % cp) for r in range(cp)]
+    out = lse = None
+    kv = (k, v)
+    for s, step in enumerate(layout.ring_steps()):
+        # Sent before this step's attention, which does not depend on it: the hop can overlap.
+        following = tuple(jax.lax.ppermute(x, axis_name, to_next) for x in kv) if s + 1 < cp \
+            else None
+        rows = jnp.asarray(step.key_rows)[rank]
+        o_s, lse_s = _rj.attention(
+            q,
+            jnp.take(kv[0], rows, axis=0),
+            jnp.take(kv[1], rows, axis=0),
+            cu_q,
+            jnp.asarray(step.cu_kv)[rank],
+            layout.longest_q,
+            step.longest_kv,
+            causal=step.causal,
+            causal_alignment="bottom_right",
+            softmax_scale=softmax_scale,
+            softcap=softcap,
+            dq_accum=dq_accum,
+            return_lse=True,
+        )
+        if out is None:
+            out, lse = o_s.astype(jnp.float32), lse_s
+        else:
+            out, lse = _merge(out, lse, o_s, lse_s)
+        kv = following
+    if sink is not None:
+        out = _merge_sink(out, lse, sink)
+    return out.astype(q.dtype)
+
+
+def _merge(out, lse, o_s, lse_s):
+    """fp32 out [rows, H, D] and lse [H, rows] merged with a step's o_s and lse_s. A row that saw
+    no key yet has lse -inf and out 0; where neither part saw one, the merged lse stays -inf and
+    no cotangent reaches the parts' LSEs (logaddexp's derivative there is not the limit's)."""
+    merged = jnp.logaddexp(lse, lse_s)
+    seen = jnp.isfinite(merged)
+    base = jnp.where(seen, merged, 0.0)
+    keep = jnp.exp(lse - base).T[..., None]  # exp(-inf) = 0, with a zero derivative
+    take = jnp.exp(lse_s - base).T[..., None]
+    return out * keep + o_s.astype(jnp.float32) * take, jnp.where(seen, merged, -jnp.inf)
+
+
+def _merge_sink(out, lse, sink):
+    """The sinks join the merged softmax once: one more column of logit sink[h] and no value, so
+    O shrinks by exp(lse - lse'), lse' = logaddexp(lse, sink)."""
+    merged = jnp.logaddexp(lse, sink[:, None])
+    return out * jnp.exp(lse - merged).T[..., None]

@@ -2,7 +2,8 @@
 (--xla_force_host_platform_device_count, set in a child process before JAX starts) against the
 whole batch on one device, output and gradients of q, k and v token by token, for causal,
 windowed-causal and unmasked packs with GQA and documents shorter than 2·cp; and with learnable
-sinks (replicated over the mesh axis: their gradient sums every device's share)."""
+sinks (replicated over the mesh axis: their gradient sums every device's share). The same for the
+ring strategy (causal, with and without sinks), and its errors for shards that do not fit."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ CHILD = textwrap.dedent(
         from jax.experimental.shard_map import shard_map
     import raggedattn.jax as rj
     from raggedattn.cp_shard import zigzag_shard
-    from raggedattn.jax_cp import ShardLayout, attention
+    from raggedattn.jax_cp import ShardLayout, attention, ring_attention
 
     cp, mask, with_sink = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "sink"
+    ring = sys.argv[4] == "ring"
     causal = mask != "none"
     window = (24, 0) if mask == "causal_window" else (-1, -1)
     lengths = [70, 1, 0, 33, 5, 128]
@@ -49,11 +51,18 @@ CHILD = textwrap.dedent(
 
     layout = ShardLayout.of(zigzag_shard(cu, cp))
     mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
-    sharded = shard_map(lambda q, k, v, s: attention(q, k, v, layout, "cp", causal=causal,
-                                                     window=window,
-                                                     sink=s if with_sink else None),
-                        mesh=mesh, in_specs=(P("cp"), P("cp"), P("cp"), P()), out_specs=P("cp"))
 
+    def local(q, k, v, s):
+        if ring:
+            assert mask == "causal"
+            return ring_attention(q, k, v, layout, "cp", sink=s if with_sink else None)
+        return attention(q, k, v, layout, "cp", causal=causal, window=window,
+                         sink=s if with_sink else None)
+
+    sharded = shard_map(local, mesh=mesh, in_specs=(P("cp"), P("cp"), P("cp"), P()),
+                        out_specs=P("cp"))
+
+    @jax.jit  # eager shard_map runs op by op, several times slower on the CPU
     def split(q, k, v, s):
         return layout.unshard(sharded(layout.shard(q), layout.shard(k), layout.shard(v), s))
 
@@ -69,9 +78,29 @@ CHILD = textwrap.dedent(
     for name, a, b in zip(["q", "k", "v", "sink"], grads, ref_grads):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5,
                                    err_msg="d" + name)
+    if ring:  # shards that do not fit the layout or the mesh: errors saying what was given
+        def fails(lay, q, match):
+            f = shard_map(lambda q, k, v: ring_attention(q, k, v, lay, "cp"), mesh=mesh,
+                          in_specs=P("cp"), out_specs=P("cp"))
+            try:
+                f(q, q[:, :2], q[:, :2])
+            except ValueError as e:
+                assert match in str(e), str(e)
+            else:
+                raise AssertionError("no error for " + match)
+        fails(layout, layout.shard(q)[:-cp], f"q has shape ({layout.rows - 1}, 4, 64)")
+        other = ShardLayout.of(zigzag_shard(cu, 2 * cp))
+        fails(other, jnp.zeros((cp * other.rows, 4, 64)), f"cp={2 * cp} devices")
     print("OK")
     """
 )
+
+
+def _run_child(*args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", CHILD, *map(str, args)], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
 
 
 @pytest.mark.parametrize("cp, mask, sink", [
@@ -79,7 +108,10 @@ CHILD = textwrap.dedent(
     (2, "causal", "sink"), (4, "none", "sink"),
 ])
 def test_shard_map_matches_one_device(cp, mask, sink):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", CHILD, str(cp), mask, sink], capture_output=True,
-                         text=True, timeout=300, env=env)
-    assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
+    _run_child(cp, mask, sink, "all_gather")
+
+
+@pytest.mark.parametrize("sink", ["none", "sink"])
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_matches_one_device(cp, sink):
+    _run_child(cp, "causal", sink, "ring")
