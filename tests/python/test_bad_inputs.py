@@ -18,7 +18,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from typing import NamedTuple, Optional
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import pytest
 
@@ -277,6 +278,22 @@ def run_child(setup: str, code: str, device: str = "cpu") -> dict:
     Fails the test where the child does not exit normally: killed by a signal, timed out, or an
     error outside the code under test.
     """
+    return _verdict(_child(setup, code, device))
+
+
+def _verdict(outcome: Tuple[str, object]) -> dict:
+    """A child's outcome (_child) as the test sees it: its result, or the test failed or skipped."""
+    kind, value = outcome
+    if kind == "fail":
+        pytest.fail(value)
+    if kind == "skip":
+        pytest.skip(value)
+    return value
+
+
+def _child(setup: str, code: str, device: str) -> Tuple[str, object]:
+    """Runs one child; ("ok", result), ("skip", reason) or ("fail", message). It calls no pytest
+    function, so that children can run on threads of their own (_started)."""
     preload = [name for name, found in INSTALLED.items() if found] if PRELOAD else []
     program = (
         f"MARK = {_MARK!r}\nPRELOAD = {list(preload)!r}\nDEVICE_NAME = {device!r}\n"
@@ -288,22 +305,18 @@ def run_child(setup: str, code: str, device: str = "cpu") -> dict:
         done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                               timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the child ran past {TIMEOUT_S} s; stderr:\n{_tail(e.stderr)}")
+        return "fail", f"the child ran past {TIMEOUT_S} s; stderr:\n{_tail(e.stderr)}"
     if done.returncode < 0:
-        pytest.fail(
-            f"the child was killed by {_signal_name(-done.returncode)}; "
-            f"stdout:\n{_tail(done.stdout)}\nstderr:\n{_tail(done.stderr)}"
-        )
+        return "fail", (f"the child was killed by {_signal_name(-done.returncode)}; "
+                        f"stdout:\n{_tail(done.stdout)}\nstderr:\n{_tail(done.stderr)}")
     results = [line[len(_MARK):] for line in done.stdout.splitlines() if line.startswith(_MARK)]
     if done.returncode != 0 or len(results) != 1:
-        pytest.fail(
-            f"the child exited with {done.returncode} and {len(results)} results; "
-            f"stderr:\n{_tail(done.stderr)}"
-        )
+        return "fail", (f"the child exited with {done.returncode} and {len(results)} results; "
+                        f"stderr:\n{_tail(done.stderr)}")
     result = json.loads(results[0])
     if result["outcome"] == "skipped":
-        pytest.skip(result["reason"])
-    return result
+        return "skip", result["reason"]
+    return "ok", result
 
 
 def _signal_name(number: int) -> str:
@@ -319,13 +332,38 @@ def _tail(text, lines: int = 40) -> str:
     return "\n".join((text or "").splitlines()[-lines:])
 
 
+def _skip_reason(case: Case) -> Optional[str]:
+    if case.framework in INSTALLED and not INSTALLED[case.framework]:
+        return f"{case.framework} is not installed"
+    if case.device == "cuda" and not raggedattn.query_device()["cuda"]:
+        return "the library sees no CUDA device (none here, or a CPU-only build)"
+    return None
+
+
+# Children run several at once: one that imports torch and jax on a GPU machine takes about 20 s,
+# most of it spent importing, so one after the other the cases would take many minutes. Asked for
+# a case's result, _started also starts the children of the cases after it (in the order pytest
+# runs them), up to RATTN_TEST_CHILDREN at once (default: the cores, at most 8); each case is
+# still a process of its own, and a selection of a few cases starts few more.
+_WORKERS = max(1, int(os.environ.get("RATTN_TEST_CHILDREN", min(8, os.cpu_count() or 1))))
+_POOL = ThreadPoolExecutor(max_workers=_WORKERS)
+_STARTED: Dict[str, Future] = {}
+
+
+def _started(case: Case) -> Future:
+    ahead = [c for c in CASES[CASES.index(case):] if _skip_reason(c) is None][:_WORKERS]
+    for c in ahead:
+        if _id(c) not in _STARTED:
+            _STARTED[_id(c)] = _POOL.submit(_child, _SETUP[c.framework], c.code, c.device)
+    return _STARTED[_id(case)]
+
+
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_case(case: Case):
-    if case.framework in INSTALLED and not INSTALLED[case.framework]:
-        pytest.skip(f"{case.framework} is not installed")
-    if case.device == "cuda" and not raggedattn.query_device()["cuda"]:
-        pytest.skip("the library sees no CUDA device (none here, or a CPU-only build)")
-    result = run_child(_SETUP[case.framework], case.code, case.device)
+    reason = _skip_reason(case)
+    if reason is not None:
+        pytest.skip(reason)
+    result = _verdict(_started(case).result())
     if case.raises is None:
         assert result["outcome"] == "returned", (
             f"raised {result['type']}: {result['message']}\n{result['traceback']}"
