@@ -162,7 +162,9 @@ for s in $steps; do
       python3 "$repo/scripts/ncu_percycle.py" "$out"/percycle_{fwd,bwd,cudnn}.txt \
         >"$out/percycle.md" && cat "$out/percycle.md" ;;
     bench)
-      step bench 300 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors --out "$out" ;;
+      # BENCH_VARIANTS (bench/run.py --variants), e.g. raggedattn,raggedattn_sink for sinks' cost.
+      step bench 300 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" --no-anchors \
+        ${BENCH_VARIANTS:+--variants "$BENCH_VARIANTS"} --out "$out" ;;
     anchors)
       step bench_anchors 900 python3 "$(dirname "$0")/../bench/run.py" --cli "$cli" \
         --anchors "${ANCHORS_DIR:?set ANCHORS_DIR}" --out "$out"
