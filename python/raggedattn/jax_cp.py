@@ -102,6 +102,28 @@ class ShardLayout:
             table[r, :len(x)] = x
         return table, np.stack(cu_kv).astype(np.int32), self.longest_q, longest_kv
 
+    def key_row_readers(self, causal: bool, left: int) -> np.ndarray:
+        """Per device, int32 [cp, cp * rows, 2]: for each row of the gathered keys, the (at most
+        two) places of key_rows' table that read it; the table's width (a zero row appended to
+        the gradient) where fewer do. A key row belongs to one document, and the device holds two
+        pieces of it, so no row is read more often; padding places read nothing."""
+        return self.plan.derived(("jax readers", self.rows, causal, left),
+                                 lambda: self._make_key_row_readers(causal, left))
+
+    def _make_key_row_readers(self, causal: bool, left: int) -> np.ndarray:
+        table, cu_kv, _, _ = self.key_rows(causal, left)
+        width = table.shape[1]
+        readers = np.full((self.plan.cp, self.plan.cp * self.rows, 2), width, dtype=np.int32)
+        for r in range(self.plan.cp):
+            valid = int(cu_kv[r, -1])  # the table's places past this hold padding
+            count = np.zeros(self.plan.cp * self.rows, dtype=np.int64)
+            for place, row in enumerate(table[r, :valid]):
+                if count[row] >= 2:
+                    raise AssertionError(f"gathered key row {row} read more than twice")
+                readers[r, row, count[row]] = place
+                count[row] += 1
+        return readers
+
     @property
     def longest_q(self) -> int:
         """The longest query piece of any device (at least 1)."""
@@ -170,20 +192,32 @@ class RingStep:
 
 def attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool = False,
               window: Tuple[int, int] = (-1, -1), softmax_scale=None, softcap: float = 0.0,
-              sink=None):
+              sink=None, deterministic: bool = False):
     """Inside shard_map over `axis_name`: this device's rows of q, k, v ([rows, H, D], the
     layout's padded shard) -> its rows of the output. sink: learnable attention sinks [Hq], as in
-    raggedattn.jax.attention (replicated over the axis: their gradient is summed over it)."""
+    raggedattn.jax.attention (replicated over the axis: their gradient is summed over it).
+
+    deterministic: the library's deterministic backward, and the gathered keys' gradient summed
+    back onto the keys by two gathers in a fixed order (each key row is read by at most two of the
+    device's pieces: ShardLayout.key_row_readers) instead of the scatter-add that jnp.take's
+    gradient is, whose order of additions XLA does not fix on the GPU. The gradient's reduction
+    over the axis is XLA's reduce-scatter."""
     left = window_left("raggedattn.jax_cp.attention", causal, window)
     table, cu_kv, longest_q, longest_kv = layout.key_rows(causal, left)
     rank = jax.lax.axis_index(axis_name)
     k_all = jax.lax.all_gather(k, axis_name, tiled=True)
     v_all = jax.lax.all_gather(v, axis_name, tiled=True)
     rows = jnp.asarray(table)[rank]
+    if deterministic:
+        readers = jnp.asarray(layout.key_row_readers(causal, left))[rank]
+        k_rows = _take_rows(k_all, rows, readers)
+        v_rows = _take_rows(v_all, rows, readers)
+    else:
+        k_rows, v_rows = jnp.take(k_all, rows, axis=0), jnp.take(v_all, rows, axis=0)
     return _rj.attention(
         q,
-        jnp.take(k_all, rows, axis=0),
-        jnp.take(v_all, rows, axis=0),
+        k_rows,
+        v_rows,
         jnp.asarray(layout.cu_q)[rank],
         jnp.asarray(cu_kv)[rank],
         longest_q,
@@ -194,7 +228,28 @@ def attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool = Fa
         softmax_scale=softmax_scale,
         softcap=softcap,
         sink=sink,
+        deterministic=deterministic,
     )
+
+
+@jax.custom_vjp
+def _take_rows(x, rows, readers):
+    """x[rows], whose gradient adds each row's (at most two) readers' gradients by gathers, in a
+    fixed order (readers: ShardLayout.key_row_readers' for this device)."""
+    return jnp.take(x, rows, axis=0)
+
+
+def _take_rows_fwd(x, rows, readers):
+    return jnp.take(x, rows, axis=0), readers
+
+
+def _take_rows_bwd(readers, g):
+    padded = jnp.concatenate([g, jnp.zeros((1,) + g.shape[1:], g.dtype)])  # the "no reader" row
+    d_x = jnp.take(padded, readers[:, 0], axis=0) + jnp.take(padded, readers[:, 1], axis=0)
+    return d_x, None, None
+
+
+_take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 
 
 def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, softmax_scale=None,

@@ -33,6 +33,7 @@ CHILD = textwrap.dedent(
 
     cp, mask, with_sink = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "sink"
     ring = sys.argv[4] == "ring"
+    det = len(sys.argv) > 5 and sys.argv[5] == "deterministic"
     causal = mask != "none"
     window = (24, 0) if mask == "causal_window" else (-1, -1)
     lengths = [70, 1, 0, 33, 5, 128]
@@ -57,7 +58,7 @@ CHILD = textwrap.dedent(
             assert mask == "causal"
             return ring_attention(q, k, v, layout, "cp", sink=s if with_sink else None)
         return attention(q, k, v, layout, "cp", causal=causal, window=window,
-                         sink=s if with_sink else None)
+                         sink=s if with_sink else None, deterministic=det)
 
     sharded = shard_map(local, mesh=mesh, in_specs=(P("cp"), P("cp"), P("cp"), P()),
                         out_specs=P("cp"))
@@ -78,6 +79,27 @@ CHILD = textwrap.dedent(
     for name, a, b in zip(["q", "k", "v", "sink"], grads, ref_grads):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5,
                                    err_msg="d" + name)
+    if det:
+        # Bitwise the same gradients from a second run; and the fixed-order gather's gradient is
+        # exactly jnp.take's on every device's table (the places past its pieces, which the
+        # library leaves at zero gradient, given zeros).
+        again = jax.grad(loss(split), argnums=(0, 1, 2, 3))(q, k, v, s)
+        for a, b in zip(grads, again):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        from raggedattn.cp_shard import window_left
+        from raggedattn.jax_cp import _take_rows
+        left = window_left("test", causal, window)
+        table, cu_kv, _, _ = layout.key_rows(causal, left)
+        readers = layout.key_row_readers(causal, left)
+        x = jnp.asarray(rng.standard_normal((cp * layout.rows, 3)), jnp.float32)
+        for r in range(cp):
+            gy = rng.standard_normal((table.shape[1], 3)).astype(np.float32)
+            gy[int(cu_kv[r, -1]):] = 0
+            rows = jnp.asarray(table[r])
+            want = jax.vjp(lambda x: jnp.take(x, rows, axis=0), x)[1](jnp.asarray(gy))[0]
+            got = jax.vjp(lambda x: _take_rows(x, rows, jnp.asarray(readers[r])), x)[1](
+                jnp.asarray(gy))[0]
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     if ring:  # shards that do not fit the layout or the mesh: errors saying what was given
         def fails(lay, q, match):
             f = shard_map(lambda q, k, v: ring_attention(q, k, v, lay, "cp"), mesh=mesh,
@@ -109,6 +131,11 @@ def _run_child(*args):
 ])
 def test_shard_map_matches_one_device(cp, mask, sink):
     _run_child(cp, mask, sink, "all_gather")
+
+
+@pytest.mark.parametrize("cp, mask", [(2, "causal_window"), (4, "none")])
+def test_deterministic_matches_one_device_and_repeats(cp, mask):
+    _run_child(cp, mask, "sink", "all_gather", "deterministic")
 
 
 @pytest.mark.parametrize("sink", ["none", "sink"])
