@@ -44,7 +44,8 @@ struct BwdWorkspace {
   // With sinks: fp32 [num_heads_q][post_tiles], each post CTA's share of d_sink for each head,
   // summed in a fixed order afterwards (so d_sink is deterministic in every mode).
   Region sink_partials;
-  // The post kernels' CTAs over the queries (ragged tiles of DqAccumLayout::kTileRows rows).
+  // The post kernels' CTAs over the queries (ragged tiles of DqAccumLayout::kTileRows rows, the
+  // post kernels' kPostRows): their grid's x, and the count of d_sink's shares per head.
   int64_t post_tiles = 0;
   size_t total = 0;
   // What the dot(dO, O) kernel zeroes before the main kernel: the claims where the plan has them,

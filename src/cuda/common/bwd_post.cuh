@@ -76,9 +76,10 @@ __device__ __forceinline__ TileCoord locate_cta(const RaggedTiles& m, int64_t t,
 
 // The post kernels' grid for a problem: (ragged tiles of kPostRows rows, groups of kPostHeads query
 // heads); the kernels read the head count from their params and skip the heads past it.
-inline dim3 post_grid(int64_t total_q, int32_t batch, int32_t num_heads_q) {
-  return dim3(unsigned(RaggedTiles::bound(total_q, batch, kPostRows)),
-              unsigned(ceil_div(num_heads_q, kPostHeads)));
+// post_tiles: BwdWorkspace::post_tiles, the Plan's count of kPostRows-row tiles (it also sizes the
+// sinks' shares, one per CTA and head).
+inline dim3 post_grid(int64_t post_tiles, int32_t num_heads_q) {
+  return dim3(unsigned(post_tiles), unsigned(ceil_div(num_heads_q, kPostHeads)));
 }
 
 // This CTA's query heads: [first, end).

@@ -18,8 +18,7 @@ cudaError_t launch_post(const PlanData& d, const gpu::BwdParams& p, void* worksp
                         cudaStream_t s) {
   const Problem& pr = d.problem;
   const RaggedTiles tiles{post::kPostRows, pr.batch};
-  const dim3 grid = post::post_grid(pr.total_q, pr.batch, pr.num_heads_q);
-  if (grid.x != p.post_tiles) return cudaErrorInvalidConfiguration;  // the Plan sized the shares
+  const dim3 grid = post::post_grid(p.post_tiles, pr.num_heads_q);
   if (!convert) {
     // The dQ scratch is zeroed by this kernel too (bwd_post.cuh), in 16-byte words, or, where the
     // main kernel claims its tiles (BwdWorkspace::dq_claims), only the claims.
