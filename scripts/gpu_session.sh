@@ -148,18 +148,35 @@ for s in $steps; do
       done ;;
     percycle)
       # The same Nsight Compute metrics, one launch each (clocks untouched), for our Hopper
-      # forward and backward on one_doc_16k and cuDNN's dense SDPA through PyTorch on its shape
-      # (bench/cudnn_sdpa_probe.py), tabled per cycle by scripts/ncu_percycle.py
-      # (docs/PERFORMANCE.md item 78).
+      # forward and backward on one_doc_16k, cuDNN's dense SDPA through PyTorch on its shape
+      # (bench/cudnn_sdpa_probe.py) and, where its wheel imports, FlashAttention-3's varlen kernels
+      # through JAX (bench/fa3_varlen_probe.py), tabled per cycle by scripts/ncu_percycle.py. The
+      # main kernels run under `--set full` too: the second table's instructions, L2 and stalls.
       metrics=$(python3 "$repo/scripts/ncu_percycle.py" --metrics)
+      ncu_one() {  # name timeout regex program...
+        local name=$1 limit=$2 regex=$3
+        shift 3
+        step "$name" "$limit" ncu --clock-control none --set full --metrics "$metrics" \
+          --kernel-name-base demangled --kernel-name "regex:$regex" --launch-skip 1 \
+          --launch-count 1 --csv --page raw "$@"
+      }
       for k in fwd bwd; do
-        step "percycle_$k" 120 ncu --clock-control none --metrics "$metrics" --kernel-name \
-          "regex:${k}_kernel" --launch-skip 1 --launch-count 1 --csv --page raw "$cli" bench \
-          $(workload_args one_doc_16k) --repeat 1
+        ncu_one "percycle_$k" 180 "${k}_kernel" "$cli" bench $(workload_args one_doc_16k) --repeat 1
       done
+      files=("$out"/percycle_{fwd,bwd}.txt)
+      if python3 -c "import flash_attn3_jax" 2>/dev/null; then
+        for k in Fwd Bwd; do
+          ncu_one "percycle_fa3_$k" 240 "FlashAttn${k}Sm90" python3 "$repo/bench/fa3_varlen_probe.py"
+          files+=("$out/percycle_fa3_$k.txt")
+        done
+        # Every kernel of FA3's second backward (preprocess, main, postprocess), time only.
+        step percycle_fa3_all 120 ncu --clock-control none --metrics gpu__time_duration.sum \
+          --kernel-name-base demangled --kernel-name regex:flash --csv --page raw \
+          python3 "$repo/bench/fa3_varlen_probe.py"
+      fi
       step percycle_cudnn 240 ncu --clock-control none --metrics "$metrics" --kernel-name \
         regex:cudnn --csv --page raw python3 "$repo/bench/cudnn_sdpa_probe.py"
-      python3 "$repo/scripts/ncu_percycle.py" "$out"/percycle_{fwd,bwd,cudnn}.txt \
+      python3 "$repo/scripts/ncu_percycle.py" "${files[@]}" "$out/percycle_cudnn.txt" \
         >"$out/percycle.md" && cat "$out/percycle.md" ;;
     bench)
       # BENCH_VARIANTS (bench/run.py --variants), e.g. raggedattn,raggedattn_sink for sinks' cost.
