@@ -19,8 +19,9 @@ gradients, the all-gather's transpose (a reduce-scatter) returns them to their o
 The ring strategy (as raggedattn.cp.ring_attention) passes K and V around the axis with
 ppermute instead, one hop per step; each step is one call of the library on this device's query
 pieces and the key chunks they see, and the partial outputs merge by their LSEs in fp32. Its
-backward is autodiff's too: through the merge (the LSE's cotangent goes to the library's
-backward) and through ppermute, whose transpose sends the keys' gradients back the other way.
+backward is its own (a custom_vjp): the ring again, each step's gradients from the library's
+backward with the merged output and LSE, dK and dV travelling with their chunks back home, so it
+keeps no step's K/V for the backward.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import jax as _rj
+from ._options import make_options
 from .cp_shard import ShardPlan, row_ranges, window_left
 
 __all__ = ["ShardLayout", "RingStep", "attention", "ring_attention"]
@@ -261,8 +263,10 @@ def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, softmax_scal
     K and V travel around the axis with ppermute, one hop per step (cp steps; the next step's
     chunks can travel while this step computes); each step runs this device's query pieces on
     the key chunks they see (ShardLayout.ring_steps) and the partial outputs merge by their LSEs
-    in fp32. The backward is autodiff's through the merge and the ppermutes, so its gradients are
-    exact; it keeps every step's K/V as residuals (training memory about the all-gather's).
+    in fp32. The backward runs the ring again: each step's gradients come from the library's
+    backward with the merged output and LSE (so they are exact), dQ adds up here and dK/dV
+    travel with their chunks back to their owners. It keeps only q, k, v, the output and the
+    LSE: training memory stays that of this device's shard.
 
     sink: learnable attention sinks [Hq] (replicated over the axis), joining the merged softmax
     once after the last step; their gradient is summed over the axis."""
@@ -277,41 +281,108 @@ def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, softmax_scal
         raise ValueError(
             f"raggedattn.jax_cp.ring_attention: the layout is for cp={cp} devices but mesh axis "
             f"{axis_name!r} has {int(axis_size)}")
-    if sink is not None:
-        sink = _rj._sink_array(sink, q)  # attention()'s checks: float, [Hq]
-    rank = jax.lax.axis_index(axis_name)
-    cu_q = jnp.asarray(layout.cu_q)[rank]
-    to_next = [(r, (r + 1) % cp) for r in range(cp)]
-    out = lse = None
-    kv = (k, v)
-    for s, step in enumerate(layout.ring_steps()):
-        # Sent before this step's attention, which does not depend on it: the hop can overlap.
-        following = tuple(jax.lax.ppermute(x, axis_name, to_next) for x in kv) if s + 1 < cp \
-            else None
-        rows = jnp.asarray(step.key_rows)[rank]
-        o_s, lse_s = _rj.attention(
-            q,
-            jnp.take(kv[0], rows, axis=0),
-            jnp.take(kv[1], rows, axis=0),
-            cu_q,
-            jnp.asarray(step.cu_kv)[rank],
-            layout.longest_q,
-            step.longest_kv,
-            causal=step.causal,
-            causal_alignment="bottom_right",
-            softmax_scale=softmax_scale,
-            softcap=softcap,
-            dq_accum=dq_accum,
-            return_lse=True,
-        )
-        if out is None:
-            out, lse = o_s.astype(jnp.float32), lse_s
-        else:
-            out, lse = _merge(out, lse, o_s, lse_s)
-        kv = following
-    if sink is not None:
-        out = _merge_sink(out, lse, sink)
-    return out.astype(q.dtype)
+    ring = _Ring(layout, axis_name, softmax_scale, float(softcap), dq_accum)
+    if sink is None:
+        return ring.attention_without_sink(q, k, v)
+    # attention()'s checks (float, [Hq]); varying where q varies, so that the cast's transpose
+    # sums the devices' shares of the sinks' gradient over the axis.
+    sink = _rj._like(_rj._sink_array(sink, q), q)
+    return ring.attention_with_sink(q, k, v, sink)
+
+
+class _Ring:
+    """The ring's forward and backward passes for one layout and set of options; its two entry
+    points are custom_vjp functions (with and without sinks)."""
+
+    def __init__(self, layout: ShardLayout, axis_name: str, softmax_scale, softcap: float,
+                 dq_accum: str):
+        self.layout, self.axis_name = layout, axis_name
+        self.softmax_scale, self.softcap, self.dq_accum = softmax_scale, softcap, dq_accum
+        self.to_next = [(r, (r + 1) % layout.plan.cp) for r in range(layout.plan.cp)]
+        self.attention_without_sink = jax.custom_vjp(lambda q, k, v: self._forward(q, k, v)[0])
+        self.attention_without_sink.defvjp(
+            lambda q, k, v: self._forward_with_residuals(q, k, v, None),
+            lambda res, g: self._backward(res, g)[:3])
+        self.attention_with_sink = jax.custom_vjp(lambda q, k, v, s: self._forward(q, k, v, s)[0])
+        self.attention_with_sink.defvjp(self._forward_with_residuals, self._backward)
+
+    def _step_static(self, q, step: "RingStep") -> "_rj._Static":
+        """What the library's call of one step needs besides arrays (as _rj.attention makes it)."""
+        opts = make_options(causal=step.causal, causal_alignment="bottom_right",
+                            softmax_scale=self.softmax_scale, softcap=self.softcap,
+                            dq_accum=self.dq_accum)
+        cuda, device = _rj._target(q)
+        return _rj._Static(self.layout.longest_q, step.longest_kv, False, opts, cuda, device)
+
+    def _forward(self, q, k, v, sink=None):
+        """The output (q's dtype) and the merged LSE, sinks included (float32 [H, rows])."""
+        layout, cp = self.layout, self.layout.plan.cp
+        rank = jax.lax.axis_index(self.axis_name)
+        cu_q = jnp.asarray(layout.cu_q)[rank]
+        out = lse = None
+        kv = (k, v)
+        for s, step in enumerate(layout.ring_steps()):
+            # Sent before this step's attention, which does not depend on it: the hop can
+            # overlap.
+            following = tuple(jax.lax.ppermute(x, self.axis_name, self.to_next) for x in kv) \
+                if s + 1 < cp else None
+            rows = jnp.asarray(step.key_rows)[rank]
+            o_s, lse_s = _rj.attention(
+                q, jnp.take(kv[0], rows, axis=0), jnp.take(kv[1], rows, axis=0), cu_q,
+                jnp.asarray(step.cu_kv)[rank], layout.longest_q, step.longest_kv,
+                causal=step.causal, causal_alignment="bottom_right",
+                softmax_scale=self.softmax_scale, softcap=self.softcap, dq_accum=self.dq_accum,
+                return_lse=True)
+            if out is None:
+                out, lse = o_s.astype(jnp.float32), lse_s
+            else:
+                out, lse = _merge(out, lse, o_s, lse_s)
+            kv = following
+        if sink is not None:
+            out = _merge_sink(out, lse, sink)
+            lse = jnp.logaddexp(lse, sink[:, None])
+        return out.astype(q.dtype), lse
+
+    def _forward_with_residuals(self, q, k, v, sink):
+        out, lse = self._forward(q, k, v, sink)
+        return out, (q, k, v, sink, out, lse)
+
+    def _backward(self, res, g):
+        """dq, dk, dv and the sinks' gradient: every step's library backward with the merged
+        output and LSE, whose probabilities are the final softmax's, so the steps' gradients add
+        up to the exact ones. dK/dV accumulate in fp32 beside the chunk they belong to and travel
+        with it; after the last step one more hop brings them home."""
+        q, k, v, sink, out, lse = res
+        layout = self.layout
+        rank = jax.lax.axis_index(self.axis_name)
+        cu_q = jnp.asarray(layout.cu_q)[rank]
+        g = g.astype(q.dtype)
+        none = jnp.zeros((0,), jnp.float32)  # the sink and LSE-cotangent placeholders
+        dq = jnp.zeros(q.shape, jnp.float32)
+        dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+        kv = (k, v)
+        for s, step in enumerate(layout.ring_steps()):
+            following = tuple(jax.lax.ppermute(x, self.axis_name, self.to_next) for x in kv) \
+                if s + 1 < layout.plan.cp else None
+            rows = jnp.asarray(step.key_rows)[rank]
+            cu_kv = jnp.asarray(step.cu_kv)[rank]
+            dq_s, dk_s, dv_s, _ = _rj._backward(
+                q, jnp.take(kv[0], rows, axis=0), jnp.take(kv[1], rows, axis=0), out, lse, g,
+                none, none, cu_q, cu_kv, cu_q, cu_kv, self._step_static(q, step))
+            # Rows past the step's segments (the table's padding reads row 0) get zero gradients.
+            dq = dq + _rj._like(dq_s, q).astype(jnp.float32)
+            dk = dk.at[rows].add(_rj._like(dk_s, k).astype(jnp.float32))
+            dv = dv.at[rows].add(_rj._like(dv_s, v).astype(jnp.float32))
+            dk, dv = (jax.lax.ppermute(x, self.axis_name, self.to_next) for x in (dk, dv))
+            kv = following
+        grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
+        if sink is None:
+            return grads + (None,)
+        # d sink_h = -sum_i p_sink(i) D_i over this device's rows (the cast before the call sums
+        # the devices' shares), D_i = rowsum(dO_i o_i).
+        d = jnp.sum(g.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [rows, H]
+        p_sink = jnp.exp(sink[None, :] - lse.T)  # exp(-inf) = 0 on rows outside the pieces
+        return grads + (-jnp.sum(p_sink * d, axis=0),)
 
 
 def _merge(out, lse, o_s, lse_s):

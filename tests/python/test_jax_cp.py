@@ -3,7 +3,8 @@
 whole batch on one device, output and gradients of q, k and v token by token, for causal,
 windowed-causal and unmasked packs with GQA and documents shorter than 2·cp; and with learnable
 sinks (replicated over the mesh axis: their gradient sums every device's share). The same for the
-ring strategy (causal, with and without sinks), and its errors for shards that do not fit."""
+ring strategy (causal, with and without sinks), its errors for shards that do not fit, and what its
+backward keeps (this device's shard, not every step's K/V)."""
 
 from __future__ import annotations
 
@@ -142,3 +143,57 @@ def test_deterministic_matches_one_device_and_repeats(cp, mask):
 @pytest.mark.parametrize("cp", [2, 4])
 def test_ring_matches_one_device(cp, sink):
     _run_child(cp, "causal", sink, "ring")
+
+
+RESIDUALS = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import numpy as np
+    import jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+    try:
+        from jax import shard_map
+    except ImportError:
+        from jax.experimental.shard_map import shard_map
+    try:
+        from jax._src.ad_checkpoint import saved_residuals
+    except ImportError:
+        print("SKIP: this JAX has no saved_residuals")
+        raise SystemExit(0)
+    from raggedattn.cp_shard import zigzag_shard
+    from raggedattn.jax_cp import ShardLayout, attention, ring_attention
+
+    cp, lengths = 4, [300, 200, 500]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    layout = ShardLayout.of(zigzag_shard(cu, cp))
+    mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
+    q = jnp.ones((cp * layout.rows, 4, 64), jnp.float32)
+    kv = jnp.ones((cp * layout.rows, 2, 64), jnp.float32)
+
+    def saved_bytes(f):
+        g = shard_map(f, mesh=mesh, in_specs=(P("cp"),) * 3, out_specs=P("cp"))
+        res = saved_residuals(lambda q, k, v: jnp.sum(g(q, k, v)), q, kv, kv)
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in res)
+
+    ring = saved_bytes(lambda q, k, v: ring_attention(q, k, v, layout, "cp"))
+    gather = saved_bytes(lambda q, k, v: attention(q, k, v, layout, "cp", causal=True))
+    # q, k, v, the output and the float32 LSE of every device's shard, nothing per step.
+    own = (2 * q.size + 2 * kv.size + q.shape[0] * q.shape[1]) * 4
+    assert ring <= own, (ring, own)
+    assert ring < gather, (ring, gather)
+    print("OK", ring, own, gather)
+    """
+)
+
+
+def test_ring_keeps_only_its_shard_for_the_backward():
+    """The ring's backward is its own: its residuals are this device's q, k, v, output and LSE,
+    not every step's K/V chunks (which autodiff through the ring would keep: more than the
+    all-gather strategy's gathered K/V)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", RESIDUALS], capture_output=True, text=True,
+                         timeout=300, env=env)
+    if run.returncode == 0 and run.stdout.startswith("SKIP"):
+        pytest.skip(run.stdout.strip())
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
