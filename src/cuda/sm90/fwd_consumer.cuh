@@ -17,6 +17,51 @@ namespace sm90 {
 
 using gpu::FwdParams;
 
+// Ping-pong between the two consumers (FlashAttention-3's inter-warpgroup schedule): a consumer
+// issues its products only in its turn (barrier 2 + its index, completed by the other consumer's
+// arrival) and hands the turn over right after issuing, so one consumer's softmax runs while the
+// other's products occupy the tensor cores. Barrier ids are constants: a computed one makes ptxas
+// reserve all 16.
+__device__ __forceinline__ void my_turn(int cw) {
+  if (cw == 0) {
+    named_barrier_sync(2, 256);
+  } else {
+    named_barrier_sync(3, 256);
+  }
+}
+__device__ __forceinline__ void pass_turn(int cw) {
+  if (cw == 0) {
+    named_barrier_arrive(3, 256);
+  } else {
+    named_barrier_arrive(2, 256);
+  }
+}
+// A consumer with no row inside the segment (a segment's last tile of at most 64 rows, for
+// consumer 1): the item's barrier protocol only, every wait, turn and release as fwd_consume's
+// loop has them, in the same order, with no product (the other consumer's then have the tensor
+// cores to themselves) and nothing to store.
+template <int STAGES, bool SPLIT, bool kPersistent>
+__device__ __forceinline__ void fwd_idle_item(const KvRing& ring, int g, int n_tiles, int cw,
+                                              uint64_t* q_empty) {
+  constexpr bool kTurnAcrossItems = kPersistent;
+  for (int i = 0; i < n_tiles; ++i) {
+    const int gi = g + i, stage = gi % STAGES;
+    mbar_wait(&ring.full_k[stage], (gi / STAGES) & 1);
+    if (i > 0) {
+      if constexpr (SPLIT) mbar_wait(&ring.full_v[(gi - 1) % STAGES], ((gi - 1) / STAGES) & 1);
+    }
+    my_turn(cw);
+    pass_turn(cw);
+    if constexpr (SPLIT) mbar_arrive(&ring.empty_k[stage]);
+    if (i > 0) mbar_arrive(&ring.empty_v[(gi - 1) % STAGES]);
+  }
+  const int idle_last = (g + n_tiles - 1) % STAGES;
+  if constexpr (SPLIT) mbar_wait(&ring.full_v[idle_last], ((g + n_tiles - 1) / STAGES) & 1);
+  my_turn(cw);
+  if (kTurnAcrossItems || cw == 0) pass_turn(cw);
+  mbar_arrive(&ring.empty_v[idle_last]);
+  if constexpr (kPersistent) mbar_arrive(q_empty);  // done with the Q buffer
+}
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
 // head h) with Q in shared memory (Q buffer q_buf; the first fwd_q_reg_ksteps k-steps of S read it
 // from registers, loaded once per item): the key loop over the item's K/V tiles, which
@@ -221,11 +266,8 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   // Tile 0's scores and softmax; then per tile i >= 1: S_i and P_{i-1} V_{i-1} issued together,
   // the softmax of S_i while P_{i-1} V_{i-1} still runs on the tensor cores, then O rescaled and
   // P_i packed once it has landed. One score tile is live at a time.
-  // Ping-pong between the two consumers (FlashAttention-3's inter-warpgroup schedule): a
-  // consumer issues its products only in its turn (barrier 2 + its index, completed by the other
-  // consumer's arrival) and hands the turn over right after issuing, so one consumer's softmax
-  // runs while the other's products occupy the tensor cores. Each consumer has n_tiles + 1 issue
-  // phases (S_0; S_i with P_{i-1} V_{i-1}; the last P V), so the turns stay paired.
+  // The ping-pong (my_turn, pass_turn): each consumer has n_tiles + 1 issue phases (S_0; S_i
+  // with P_{i-1} V_{i-1}; the last P V), so the turns stay paired.
   //   Grid kernel: consumer 1 hands consumer 0 the first turn at the item's start and does not
   //     pass on its last turn (no barrier is left half-arrived when the CTA exits).
   //   Persistent kernel: consumer 1 passes on its last turn too, right after issuing its last
@@ -235,50 +277,17 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   //     before it exits (fwd_persistent_kernel; kTurnAcrossItems).
   static_assert(C.consumers == 2, "the ping-pong pairs two consumers");
   constexpr bool kTurnAcrossItems = kPersistent;
-  auto my_turn = [&]() {
-    if (cw == 0) {
-      named_barrier_sync(2, 256);
-    } else {
-      named_barrier_sync(3, 256);
-    }
-  };
-  auto pass_turn = [&]() {
-    if (cw == 0) {
-      named_barrier_arrive(3, 256);
-    } else {
-      named_barrier_arrive(2, 256);
-    }
-  };
   if (!kTurnAcrossItems && cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
   if (cw_rows <= 0) {
-    // No row of this consumer is inside the segment: the item's barrier protocol only, every wait,
-    // turn and release as below in the same order, with no product (the other consumer's then
-    // have the tensor cores to themselves) and nothing to store.
-    for (int i = 0; i < n_tiles; ++i) {
-      const int gi = g + i, stage = gi % STAGES;
-      mbar_wait(&ring.full_k[stage], (gi / STAGES) & 1);
-      if (i > 0) {
-        if constexpr (SPLIT) mbar_wait(&ring.full_v[(gi - 1) % STAGES], ((gi - 1) / STAGES) & 1);
-      }
-      my_turn();
-      pass_turn();
-      if constexpr (SPLIT) mbar_arrive(&ring.empty_k[stage]);
-      if (i > 0) mbar_arrive(&ring.empty_v[(gi - 1) % STAGES]);
-    }
-    const int idle_last = (g + n_tiles - 1) % STAGES;
-    if constexpr (SPLIT) mbar_wait(&ring.full_v[idle_last], ((g + n_tiles - 1) / STAGES) & 1);
-    my_turn();
-    if (kTurnAcrossItems || cw == 0) pass_turn();
-    mbar_arrive(&ring.empty_v[idle_last]);
-    if constexpr (kPersistent) mbar_arrive(q_empty);  // done with the Q buffer
+    fwd_idle_item<STAGES, SPLIT, kPersistent>(ring, g, n_tiles, cw, q_empty);
     return n_tiles;
   }
   mbar_wait(&ring.full_k[g % STAGES], (g / STAGES) & 1);
-  my_turn();
+  my_turn(cw);
   wgmma_fence();
   issue_s(g % STAGES);
   wgmma_commit();
-  pass_turn();
+  pass_turn(cw);
   wait_products();
   // This thread's reads of tile 0's K are complete (where K has barriers of its own).
   if constexpr (SPLIT) mbar_arrive(&ring.empty_k[g % STAGES]);
@@ -288,13 +297,13 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
     const int gi = g + i, stage = gi % STAGES, prev = (gi - 1) % STAGES;
     mbar_wait(&ring.full_k[stage], (gi / STAGES) & 1);
     if constexpr (SPLIT) mbar_wait(&ring.full_v[prev], ((gi - 1) / STAGES) & 1);
-    my_turn();
+    my_turn(cw);
     wgmma_fence();
     issue_s(stage);
     wgmma_commit();
     issue_pv(prev, kAllKsteps);
     wgmma_commit();
-    pass_turn();
+    pass_turn(cw);
     wgmma_wait<1>();  // S_i has landed; P_{i-1} V_{i-1} may still run
     pin(sc);
     if constexpr (SPLIT) mbar_arrive(&ring.empty_k[stage]);  // tile i's K read
@@ -312,14 +321,14 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   }
   const int last = (g + n_tiles - 1) % STAGES;
   if constexpr (SPLIT) mbar_wait(&ring.full_v[last], ((g + n_tiles - 1) / STAGES) & 1);
-  my_turn();
+  my_turn(cw);
   wgmma_fence();
   issue_pv(last, (last_keys + 15) / 16);
   wgmma_commit();
   const float sink2 = gpu::sink_log2(p, h);  // its load overlaps the last product
   // Consumer 1's last phase comes after consumer 0's: in the grid kernel no turn is left; in the
   // persistent one its pass is consumer 0's first turn of the next item.
-  if (kTurnAcrossItems || cw == 0) pass_turn();
+  if (kTurnAcrossItems || cw == 0) pass_turn(cw);
   wgmma_wait<0>();
   pin(acc_o);
   mbar_arrive(&ring.empty_v[last]);
