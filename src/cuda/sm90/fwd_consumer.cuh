@@ -62,6 +62,147 @@ __device__ __forceinline__ void fwd_idle_item(const KvRing& ring, int g, int n_t
   mbar_arrive(&ring.empty_v[idle_last]);
   if constexpr (kPersistent) mbar_arrive(q_empty);  // done with the Q buffer
 }
+// Mask and online softmax of one score tile (keys from n0) for this thread's two rows, row_a and
+// row_a + 8 of the CTA tile from query m0: P in place of the scores, the row statistics updated,
+// and alpha, the factor O must be rescaled by before P V is added (applied by the caller: O may
+// still be in flight in the previous P V meanwhile). The scores reach the log2 domain inside the
+// exponent, exp2(s * to_log2 - max), one FFMA per score (the row maximum is taken on the unscaled
+// scores: the factor is positive), except under a softcap, whose tanh pass leaves them in the
+// log2 domain already.
+template <int BM, int BN>
+__device__ __forceinline__ void online_softmax(const FwdParams& p, const Segment& seg, int m0,
+                                               int n0, int row_a, int lane,
+                                               float (&sc)[BN / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&alpha)[2]) {
+  constexpr int NF = BN / 8;
+  float to_log2 = p.scale_log2;
+  if (p.softcap > 0.f) {
+    const float pre = p.scale / p.softcap, post = p.softcap * gpu::kLog2e;
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[f][e] = gpu::fast_tanh(sc[f][e] * pre) * post;
+    to_log2 = 1.f;
+  }
+  if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i_row = m0 + row_a + 8 * half;
+      const int lo = p.mask.key_begin(i_row, seg.len_q, seg.len_kv);
+      const int hi = p.mask.key_end(i_row, seg.len_q, seg.len_kv);
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = n0 + f * 8 + 2 * (lane % 4) + e;
+          if (j < lo || j >= hi) sc[f][2 * half + e] = -INFINITY;
+        }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
+    mx = fmaxf(row_max[half], gpu::quad_max(mx) * to_log2);
+    const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
+    alpha[half] = gpu::fast_exp2(row_max[half] - base);
+    row_max[half] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pr = gpu::fast_exp2(fmaf(sc[f][2 * half + e], to_log2, -base));
+        sc[f][2 * half + e] = pr;
+        sum += pr;
+      }
+    row_sum[half] = row_sum[half] * alpha[half] + sum;
+  }
+}
+
+// O rescaled by alpha (its rows' factors) and P packed from the scores into the register A
+// operand of P V.
+template <class T, int BN, int DV>
+__device__ __forceinline__ void rescale_and_pack_p(const float (&alpha)[2],
+                                                   const float (&sc)[BN / 8][4],
+                                                   float (&acc_o)[DV / 8][4],
+                                                   uint32_t (&a)[BN / 16][4]) {
+  using Mma = gpu::MmaType<T>;
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int f = 0; f < DV / 8; ++f) {
+      acc_o[f][2 * half] *= alpha[half];
+      acc_o[f][2 * half + 1] *= alpha[half];
+    }
+#pragma unroll
+  for (int kc = 0; kc < BN / 16; ++kc) {
+    a[kc][0] = Mma::pack(sc[2 * kc][0], sc[2 * kc][1]);
+    a[kc][1] = Mma::pack(sc[2 * kc][2], sc[2 * kc][3]);
+    a[kc][2] = Mma::pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
+    a[kc][3] = Mma::pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
+  }
+}
+
+// O += P V over the first `ksteps` k-steps of 16 keys (the keys past them have P = 0), P from
+// registers (a), V's stage at v_stage_addr read N-major.
+template <class T, int BN, int DV>
+__device__ __forceinline__ void issue_pv_products(uint32_t v_stage_addr, int ksteps,
+                                                  const uint32_t (&a)[BN / 16][4],
+                                                  float (&acc_o)[DV / 8][4]) {
+  const uint64_t v_desc = desc_mn_major(v_stage_addr, BN * kSwizzleBytes);
+#pragma unroll
+  for (int kc = 0; kc < BN / 16; ++kc) {
+    if (kc >= ksteps) break;
+    const uint64_t db = desc_advance(v_desc, kc * 16 * kSwizzleBytes);
+    if constexpr (DV == 256) {
+      rs_m64n256k16_tb<T>(acc_o, a[kc], db, 1);
+    } else if constexpr (DV == 128) {
+      rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
+    } else {
+      rs_m64n64k16_tb<T>(acc_o, a[kc], db, 1);
+    }
+  }
+}
+
+// S = Q K^T for consumer cw's 64 rows of the BM-row Q buffer at q_addr, K's stage `stage` (BN
+// keys, k_stage_bytes apart from k_addr): the first QREG k-steps take Q from registers (qa), the others from the buffer.
+// kOpaqueQ: the Q address hidden from the compiler, which otherwise keeps the DQK / 16
+// loop-invariant Q descriptors (64 bits each) in registers across the key loop (past D = 128
+// and in the persistent kernel, that spills).
+template <class T, int BM, int BN, int DQK, int QREG, bool kOpaqueQ>
+__device__ __forceinline__ void issue_s_products(uint32_t q_addr, uint32_t k_addr, int stage,
+                                                 uint32_t k_stage_bytes, int cw,
+                                                 uint32_t (&qa)[QREG > 0 ? QREG : 1][4],
+                                                 float (&sc)[BN / 8][4]) {
+  constexpr int KSTEPS = DQK / 16;
+  uint32_t q_base = q_addr;
+  if constexpr (kOpaqueQ) asm volatile("" : "+r"(q_base));
+  const uint64_t q_desc = desc_k_major(q_base + cw * 64 * kSwizzleBytes);
+  const uint64_t k_desc = desc_k_major(k_addr + stage * k_stage_bytes);
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk) {
+    const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+    const uint64_t db = desc_advance(k_desc, panel * BN * kSwizzleBytes + within);
+    if (kk < QREG) {  // known at compile time (the loop is unrolled)
+      uint32_t(&qk)[4] = qa[kk < QREG ? kk : 0];
+      if constexpr (BN == 128) {
+        rs_m64n128k16<T>(sc, qk, db, kk > 0 ? 1 : 0);
+      } else {
+        rs_m64n64k16<T>(sc, qk, db, kk > 0 ? 1 : 0);
+      }
+      continue;
+    }
+    const uint64_t da = desc_advance(q_desc, panel * BM * kSwizzleBytes + within);
+    if constexpr (BN == 128) {
+      ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+    } else {
+      ss_m64n64k16<T>(sc, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+}
+
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
 // head h) with Q in shared memory (Q buffer q_buf; the first fwd_q_reg_ksteps k-steps of S read it
 // from registers, loaded once per item): the key loop over the item's K/V tiles, which
@@ -143,126 +284,24 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   // the loop's stage (or a narrower S) made ptxas serialize the wgmmas (C7515).
   constexpr int kAllKsteps = BN / 16;
   auto issue_pv = [&](int stage, int ksteps) {
-    const uint64_t v_desc = desc_mn_major(v_addr + stage * uint32_t(L.v_stage), BN * kSwizzleBytes);
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {
-      if (kc >= ksteps) break;
-      const uint64_t db = desc_advance(v_desc, kc * 16 * kSwizzleBytes);
-      if constexpr (DV == 256) {
-        rs_m64n256k16_tb<T>(acc_o, a[kc], db, 1);
-      } else if constexpr (DV == 128) {
-        rs_m64n128k16_tb<T>(acc_o, a[kc], db, 1);
-      } else {
-        rs_m64n64k16_tb<T>(acc_o, a[kc], db, 1);
-      }
-    }
+    issue_pv_products<T, BN, DV>(v_addr + stage * uint32_t(L.v_stage), ksteps, a, acc_o);
   };
   auto issue_s = [&](int stage) {
-    uint32_t q_base = q_addr;
-    if constexpr (kPersistent || DQK > 128) {
-      // Opaque past D = 128 (and in the persistent kernel): otherwise the compiler keeps the
-      // KSTEPS loop-invariant Q descriptors (64 bits each) in registers across the key loop,
-      // which spills.
-      asm volatile("" : "+r"(q_base));
-    }
-    const uint64_t q_desc = desc_k_major(q_base + cw * 64 * kSwizzleBytes);
-    const uint64_t k_desc = desc_k_major(k_addr + stage * uint32_t(L.k_stage));
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      const uint64_t db = desc_advance(k_desc, panel * BN * kSwizzleBytes + within);
-      if (kk < kQRegSteps) {  // known at compile time (the loop is unrolled)
-        uint32_t(&qk)[4] = qa[kk < kQRegSteps ? kk : 0];
-        if constexpr (BN == 128) {
-          rs_m64n128k16<T>(sc, qk, db, kk > 0 ? 1 : 0);
-        } else {
-          rs_m64n64k16<T>(sc, qk, db, kk > 0 ? 1 : 0);
-        }
-        continue;
-      }
-      const uint64_t da = desc_advance(q_desc, panel * BM * kSwizzleBytes + within);
-      if constexpr (BN == 128) {
-        ss_m64n128k16<T>(sc, da, db, kk > 0 ? 1 : 0);
-      } else {
-        ss_m64n64k16<T>(sc, da, db, kk > 0 ? 1 : 0);
-      }
-    }
+    issue_s_products<T, BM, BN, DQK, kQRegSteps, (kPersistent || DQK > 128)>(
+        q_addr, k_addr, stage, uint32_t(L.k_stage), cw, qa, sc);
   };
   auto wait_products = [&]() {
     wgmma_wait<0>();
     pin(sc);
     pin(acc_o);
   };
-  // Mask and online softmax of S_i: P_i in place of the scores, the row statistics updated,
-  // and alpha, the factor O must be rescaled by before P_i V_i is added (applied by the caller:
-  // O may still be in flight in P_{i-1} V_{i-1} meanwhile). The scores reach the log2 domain
-  // inside the exponent, exp2(s * to_log2 - max), one FFMA per score (the row maximum is taken
-  // on the unscaled scores: the factor is positive), except under a softcap, whose tanh pass
-  // leaves them in the log2 domain already.
+  // Mask and online softmax of S_i (online_softmax): P_i in place of the scores, and alpha.
   float alpha[2];
   auto softmax = [&](int i) {
-    const int n0 = (n_first + i) * BN;
-    float to_log2 = p.scale_log2;
-    if (p.softcap > 0.f) {
-      const float pre = p.scale / p.softcap, post = p.softcap * gpu::kLog2e;
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[f][e] = gpu::fast_tanh(sc[f][e] * pre) * post;
-      to_log2 = 1.f;
-    }
-    if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i_row = m0 + row_a + 8 * half;
-        const int lo = p.mask.key_begin(i_row, seg.len_q, seg.len_kv);
-        const int hi = p.mask.key_end(i_row, seg.len_q, seg.len_kv);
-#pragma unroll
-        for (int f = 0; f < NF; ++f)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = n0 + f * 8 + 2 * (lane % 4) + e;
-            if (j < lo || j >= hi) sc[f][2 * half + e] = -INFINITY;
-          }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int f = 0; f < NF; ++f) mx = fmaxf(mx, fmaxf(sc[f][2 * half], sc[f][2 * half + 1]));
-      mx = fmaxf(row_max[half], gpu::quad_max(mx) * to_log2);
-      const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-      alpha[half] = gpu::fast_exp2(row_max[half] - base);
-      row_max[half] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int f = 0; f < NF; ++f)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pr = gpu::fast_exp2(fmaf(sc[f][2 * half + e], to_log2, -base));
-          sc[f][2 * half + e] = pr;
-          sum += pr;
-        }
-      row_sum[half] = row_sum[half] * alpha[half] + sum;
-    }
+    online_softmax<BM, BN>(p, seg, m0, (n_first + i) * BN, row_a, lane, sc, row_max, row_sum,
+                           alpha);
   };
-  auto rescale_and_pack = [&]() {
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int f = 0; f < OF; ++f) {
-        acc_o[f][2 * half] *= alpha[half];
-        acc_o[f][2 * half + 1] *= alpha[half];
-      }
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {
-      a[kc][0] = Mma::pack(sc[2 * kc][0], sc[2 * kc][1]);
-      a[kc][1] = Mma::pack(sc[2 * kc][2], sc[2 * kc][3]);
-      a[kc][2] = Mma::pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
-      a[kc][3] = Mma::pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
-    }
-  };
+  auto rescale_and_pack = [&]() { rescale_and_pack_p<T, BN, DV>(alpha, sc, acc_o, a); };
   // Tile 0's scores and softmax; then per tile i >= 1: S_i and P_{i-1} V_{i-1} issued together,
   // the softmax of S_i while P_{i-1} V_{i-1} still runs on the tensor cores, then O rescaled and
   // P_i packed once it has landed. One score tile is live at a time.
