@@ -197,9 +197,13 @@ for s in $steps; do
       # job does (scripts/pytest_frameworks.py): the library's own C++ runtime meets theirs.
       # PYTEST_ARGS (say -k "cuda or gpu") narrows the run. Each test's name is printed before it
       # runs (-v), and a test still running after 60 s dumps every thread's stack (pytest's
-      # faulthandler_timeout), so a step that ends at its limit shows which test and where.
-      step pytest 540 env -C /tmp python3 "$repo/scripts/pytest_frameworks.py" -v -rs \
-        -o faulthandler_timeout=60 ${PYTEST_ARGS:-} "$repo/tests/python" ;;
+      # faulthandler_timeout), so a step that ends at its limit shows which test and where. Where
+      # pytest-xdist is installed the suite runs on 6 workers (each imports the frameworks first
+      # too: tests/python/conftest.py), the bad-input cases' children 3 at a time in each.
+      xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6")
+      step pytest 540 env -C /tmp RATTN_TEST_CHILDREN=3 python3 \
+        "$repo/scripts/pytest_frameworks.py" -v -rs $xdist -o faulthandler_timeout=60 \
+        ${PYTEST_ARGS:-} "$repo/tests/python" ;;
     pip_full)
       # The other installation: pip builds the library (CUDA included) and the extension itself.
       step pip_install_full 480 python3 -m pip install --no-build-isolation --no-deps "$repo" \
