@@ -381,6 +381,176 @@ Tolerances dense_tolerances(rattn_dtype storage) {
   return t;
 }
 
+namespace {
+
+// Every tensor of the case in the plan's memory (inputs copied, outputs and workspaces poisoned).
+Status bind_tensors(Memory& mem, const Plan& plan, const PackLayout& layout, const HostInputs& in,
+                    const HostOutputs& test, Bound* b) {
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, in.q.data(), in.q.bytes(), &b->q));
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, in.k.data(), in.k.bytes(), &b->k));
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, in.v.data(), in.v.bytes(), &b->v));
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, in.d_o.data(), in.d_o.bytes(), &b->d_o));
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, test.o.data(), test.o.bytes(), &b->o));
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, test.lse.data(), test.lse.bytes(), &b->lse));
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, test.dq.data(), test.dq.bytes(), &b->dq));
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, test.dk.data(), test.dk.bytes(), &b->dk));
+  RATTN_RETURN_IF_ERROR(alloc_copy(mem, test.dv.data(), test.dv.bytes(), &b->dv));
+  RATTN_RETURN_IF_ERROR(alloc_optional(mem, in.sink, &b->sink));
+  RATTN_RETURN_IF_ERROR(alloc_optional(mem, in.d_lse, &b->d_lse));
+  RATTN_RETURN_IF_ERROR(alloc_optional(mem, test.d_sink, &b->d_sink));
+  RATTN_RETURN_IF_ERROR(alloc_ints(mem, layout.cu_q, &b->cu_q));
+  RATTN_RETURN_IF_ERROR(alloc_ints(mem, layout.cu_kv, &b->cu_kv));
+  RATTN_RETURN_IF_ERROR(alloc_ints(mem, layout.off_q, &b->off_q));
+  RATTN_RETURN_IF_ERROR(alloc_ints(mem, layout.off_kv, &b->off_kv));
+  b->ws_fwd_bytes = plan.workspace_bytes(Direction::Forward);
+  b->ws_bwd_bytes = plan.workspace_bytes(Direction::Backward);
+  RATTN_RETURN_IF_ERROR(mem.alloc(b->ws_fwd_bytes, &b->ws_fwd));
+  RATTN_RETURN_IF_ERROR(mem.alloc(b->ws_bwd_bytes, &b->ws_bwd));
+  RATTN_RETURN_IF_ERROR(poison_workspace(mem, b->ws_fwd, b->ws_fwd_bytes));
+  return poison_workspace(mem, b->ws_bwd, b->ws_bwd_bytes);
+}
+
+// One case's calls on the bound tensors: the forward and backward once (their outputs downloaded
+// into `test`), the deterministic mode's second backward, and the timed calls where asked for.
+// `stage` names the call a failure comes from.
+class CaseCalls {
+ public:
+  CaseCalls(const CaseSpec& spec, const RunOptions& opt, const Plan& plan,
+            const PackLayout& layout, Memory& mem, const Bound& b)
+      : spec_(spec), opt_(opt), layout_(layout), mem_(mem), b_(b), ft_(b.fwd()), bt_(b.bwd()),
+        fwd_([this, &plan] { return forward(plan, ft_, b_.ws_fwd, b_.ws_fwd_bytes); }),
+        bwd_([this, &plan] { return backward(plan, bt_, b_.ws_bwd, b_.ws_bwd_bytes); }) {}
+
+  const char* stage = "memory";
+
+  Status run(HostOutputs* test, CaseReport* r) {
+    stage = "forward";
+    report_phase(opt_, "forward");
+    RATTN_RETURN_IF_ERROR(mem_.time(fwd_, &r->fwd_ms));
+    stage = "backward";
+    report_phase(opt_, "backward");
+    RATTN_RETURN_IF_ERROR(mem_.time(bwd_, &r->bwd_ms));
+    stage = "memory";
+    RATTN_RETURN_IF_ERROR(download_outputs(mem_, b_, test));
+    if (spec_.deterministic && opt_.check) RATTN_RETURN_IF_ERROR(repeat_backward(*test, r));
+    if (opt_.timing_runs > 0) RATTN_RETURN_IF_ERROR(time_both(r));
+    return Status::Ok();
+  }
+
+ private:
+  // Same inputs, fresh poison: a deterministic backward must reproduce every byte.
+  Status repeat_backward(const HostOutputs& test, CaseReport* r) {
+    HostOutputs again = make_outputs(spec_, layout_, spec_.dtype);
+    RATTN_RETURN_IF_ERROR(upload_outputs(mem_, again, b_, /*fwd_outputs=*/false));
+    RATTN_RETURN_IF_ERROR(poison_workspace(mem_, b_.ws_bwd, b_.ws_bwd_bytes));
+    stage = "backward";
+    report_phase(opt_, "backward again (determinism)");
+    RATTN_RETURN_IF_ERROR(bwd_());
+    stage = "memory";
+    RATTN_RETURN_IF_ERROR(download_outputs(mem_, b_, &again));
+    // d_sink too: it is computed in a fixed order in every mode.
+    r->nondeterministic = differing_bytes(test.dq, again.dq) + differing_bytes(test.dk, again.dk) +
+                          differing_bytes(test.dv, again.dv) +
+                          differing_bytes(test.d_sink, again.d_sink);
+    return Status::Ok();
+  }
+
+  // Each direction: an optional pause, the warm-up, then the timed calls (RunOptions), with the
+  // GPU's clock and power sampled meanwhile. One report per direction: a report between the
+  // timed calls would be time between them.
+  Status time_both(CaseReport* r) {
+    RATTN_RETURN_IF_ERROR(mem_.alloc(opt_.l2_flush_bytes, &flush_));
+    stage = "forward";
+    report_phase(opt_, "timing forward");
+    RATTN_RETURN_IF_ERROR(time_direction(fwd_, &r->fwd_ms, &r->fwd_call_ms, &r->fwd_readings));
+    stage = "backward";
+    report_phase(opt_, "timing backward");
+    RATTN_RETURN_IF_ERROR(time_direction(bwd_, &r->bwd_ms, &r->bwd_call_ms, &r->bwd_readings));
+    r->timed_runs = opt_.timing_runs;
+    return Status::Ok();
+  }
+
+  Status timed_call(const std::function<Status()>& fn, double* ms) {
+    RATTN_RETURN_IF_ERROR(mem_.zero(flush_, opt_.l2_flush_bytes));
+    return mem_.time(fn, ms);
+  }
+
+  Status time_direction(const std::function<Status()>& fn, double* median_ms,
+                        std::vector<double>* times, std::vector<GpuReading>* readings) {
+    constexpr int kMaxCalls = 100000;
+    if (opt_.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt_.pause_ms));
+    double ms = 0, warm = 0;
+    for (int i = 0; i == 0 || (warm < opt_.warmup_ms && i < kMaxCalls); ++i) {
+      RATTN_RETURN_IF_ERROR(timed_call(fn, &ms));
+      warm += ms;
+    }
+    SensorSampler sampler([this](GpuReading* g) { return mem_.read_sensors(g); }, readings);
+    double total = 0;
+    while (int(times->size()) < opt_.timing_runs ||
+           (total < opt_.min_timed_ms && int(times->size()) < kMaxCalls)) {
+      RATTN_RETURN_IF_ERROR(timed_call(fn, &ms));
+      times->push_back(ms);
+      total += ms;
+    }
+    sampler.stop();
+    *median_ms = median(*times);
+    return Status::Ok();
+  }
+
+  const CaseSpec& spec_;
+  const RunOptions& opt_;
+  const PackLayout& layout_;
+  Memory& mem_;
+  const Bound& b_;
+  const FwdTensors ft_;
+  const BwdTensors bt_;
+  const std::function<Status()> fwd_, bwd_;
+  void* flush_ = nullptr;
+};
+
+// The outputs against the dense float64 brute force (the CPU path) or the reference (the GPU
+// paths), segment by segment and tensor by tensor; sets r's checks and verdict.
+void check_outputs(const CaseSpec& spec, const RunOptions& opt, const Plan& plan,
+                   const PackLayout& layout, const HostInputs& in, const HostOutputs& test,
+                   bool padding_ok, CaseReport* r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (plan.path() == Path::Cpu) {
+    r->mode = CheckMode::Dense;
+    const DenseOutputs dense = brute_force(spec, layout, in, test.o, opt);
+    const TensorViews ref = {dense.f.o.view(), dense.f.lse.view(), dense.g.dq.view(),
+                             dense.g.dk.view(), dense.g.dv.view()};
+    const Tolerances tol = dense_tolerances(spec.dtype);
+    r->segments = check_all(layout.segments, views(test), ref, nullptr, tol);
+    // d_sink is fp32 whatever the data's dtype, as LSE is; its rounding is relative to its terms.
+    Tolerance d_sink_tol = tol[size_t(Tensor::Lse)];
+    d_sink_tol.rel_floor *= cancellation(dense.g.d_sink, dense.g.d_sink_magnitude);
+    r->d_sink = check_d_sink(test.d_sink, dense.g.d_sink, nullptr, d_sink_tol);
+  } else {
+    r->mode = CheckMode::Reference;
+    ReferenceOutputs ref;
+    if (Status s = compute_reference(spec, plan, layout, in, opt, &ref); !s.ok()) {
+      fail(r, "reference", s);
+      return;
+    }
+    TensorViews lowp = views(ref.lowp);
+    if (ref.lowp_dq.dq.data()) lowp[size_t(Tensor::Dq)] = ref.lowp_dq.dq.view();
+    r->segments =
+        check_all(layout.segments, views(test), views(ref.exact), &lowp, reference_tolerances());
+    const std::vector<double> lowp_d_sink = head_doubles(ref.lowp.d_sink);
+    r->d_sink = check_d_sink(test.d_sink, head_doubles(ref.exact.d_sink), &lowp_d_sink,
+                             reference_tolerances()[size_t(Tensor::Lse)]);
+  }
+  if (spec.sink) check_keyless_rows(spec, layout, test, in.sink, r);
+  r->check_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  r->pass = padding_ok && r->nondeterministic <= 0 && r->d_sink.pass && r->keyless_wrong <= 0 &&
+            std::all_of(r->segments.begin(), r->segments.end(),
+                        [](const SegmentCheck& seg) { return seg.pass(); });
+}
+
+}  // namespace
+
 CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
   CaseReport r;
   r.spec = spec;
@@ -410,104 +580,13 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
   }
 
   Bound b;
-  const char* stage = "memory";
-  auto run = [&]() -> Status {
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, in.q.data(), in.q.bytes(), &b.q));
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, in.k.data(), in.k.bytes(), &b.k));
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, in.v.data(), in.v.bytes(), &b.v));
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, in.d_o.data(), in.d_o.bytes(), &b.d_o));
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.o.data(), test.o.bytes(), &b.o));
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.lse.data(), test.lse.bytes(), &b.lse));
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dq.data(), test.dq.bytes(), &b.dq));
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dk.data(), test.dk.bytes(), &b.dk));
-    RATTN_RETURN_IF_ERROR(alloc_copy(*mem, test.dv.data(), test.dv.bytes(), &b.dv));
-    RATTN_RETURN_IF_ERROR(alloc_optional(*mem, in.sink, &b.sink));
-    RATTN_RETURN_IF_ERROR(alloc_optional(*mem, in.d_lse, &b.d_lse));
-    RATTN_RETURN_IF_ERROR(alloc_optional(*mem, test.d_sink, &b.d_sink));
-    RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.cu_q, &b.cu_q));
-    RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.cu_kv, &b.cu_kv));
-    RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.off_q, &b.off_q));
-    RATTN_RETURN_IF_ERROR(alloc_ints(*mem, layout.off_kv, &b.off_kv));
-    b.ws_fwd_bytes = plan.workspace_bytes(Direction::Forward);
-    b.ws_bwd_bytes = plan.workspace_bytes(Direction::Backward);
-    RATTN_RETURN_IF_ERROR(mem->alloc(b.ws_fwd_bytes, &b.ws_fwd));
-    RATTN_RETURN_IF_ERROR(mem->alloc(b.ws_bwd_bytes, &b.ws_bwd));
-    RATTN_RETURN_IF_ERROR(poison_workspace(*mem, b.ws_fwd, b.ws_fwd_bytes));
-    RATTN_RETURN_IF_ERROR(poison_workspace(*mem, b.ws_bwd, b.ws_bwd_bytes));
-
-    const FwdTensors ft = b.fwd();
-    const BwdTensors bt = b.bwd();
-    auto fwd = [&] { return forward(plan, ft, b.ws_fwd, b.ws_fwd_bytes); };
-    auto bwd = [&] { return backward(plan, bt, b.ws_bwd, b.ws_bwd_bytes); };
-    stage = "forward";
-    report_phase(opt, "forward");
-    RATTN_RETURN_IF_ERROR(mem->time(fwd, &r.fwd_ms));
-    stage = "backward";
-    report_phase(opt, "backward");
-    RATTN_RETURN_IF_ERROR(mem->time(bwd, &r.bwd_ms));
-    stage = "memory";
-    RATTN_RETURN_IF_ERROR(download_outputs(*mem, b, &test));
-
-    if (spec.deterministic && opt.check) {
-      // Same inputs, fresh poison: a deterministic backward must reproduce every byte.
-      HostOutputs again = make_outputs(spec, layout, spec.dtype);
-      RATTN_RETURN_IF_ERROR(upload_outputs(*mem, again, b, /*fwd_outputs=*/false));
-      RATTN_RETURN_IF_ERROR(poison_workspace(*mem, b.ws_bwd, b.ws_bwd_bytes));
-      stage = "backward";
-      report_phase(opt, "backward again (determinism)");
-      RATTN_RETURN_IF_ERROR(bwd());
-      stage = "memory";
-      RATTN_RETURN_IF_ERROR(download_outputs(*mem, b, &again));
-      // d_sink too: it is computed in a fixed order in every mode.
-      r.nondeterministic = differing_bytes(test.dq, again.dq) + differing_bytes(test.dk, again.dk) +
-                           differing_bytes(test.dv, again.dv) +
-                           differing_bytes(test.d_sink, again.d_sink);
-    }
-
-    if (opt.timing_runs > 0) {
-      // Each direction: an optional pause, the warm-up, then the timed calls (RunOptions), with
-      // the GPU's clock and power sampled meanwhile.
-      constexpr int kMaxCalls = 100000;
-      void* flush = nullptr;
-      RATTN_RETURN_IF_ERROR(mem->alloc(opt.l2_flush_bytes, &flush));
-      auto timed_call = [&](const std::function<Status()>& fn, double* ms) -> Status {
-        RATTN_RETURN_IF_ERROR(mem->zero(flush, opt.l2_flush_bytes));
-        return mem->time(fn, ms);
-      };
-      auto time_direction = [&](const std::function<Status()>& fn, double* median_ms,
-                                std::vector<double>* times,
-                                std::vector<GpuReading>* readings) -> Status {
-        if (opt.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt.pause_ms));
-        double ms = 0, warm = 0;
-        for (int i = 0; i == 0 || (warm < opt.warmup_ms && i < kMaxCalls); ++i) {
-          RATTN_RETURN_IF_ERROR(timed_call(fn, &ms));
-          warm += ms;
-        }
-        SensorSampler sampler([&](GpuReading* g) { return mem->read_sensors(g); }, readings);
-        double total = 0;
-        while (int(times->size()) < opt.timing_runs ||
-               (total < opt.min_timed_ms && int(times->size()) < kMaxCalls)) {
-          RATTN_RETURN_IF_ERROR(timed_call(fn, &ms));
-          times->push_back(ms);
-          total += ms;
-        }
-        sampler.stop();
-        *median_ms = median(*times);
-        return Status::Ok();
-      };
-      // One report per direction: a report between the timed calls would be time between them.
-      stage = "forward";
-      report_phase(opt, "timing forward");
-      RATTN_RETURN_IF_ERROR(time_direction(fwd, &r.fwd_ms, &r.fwd_call_ms, &r.fwd_readings));
-      stage = "backward";
-      report_phase(opt, "timing backward");
-      RATTN_RETURN_IF_ERROR(time_direction(bwd, &r.bwd_ms, &r.bwd_call_ms, &r.bwd_readings));
-      r.timed_runs = opt.timing_runs;
-    }
-    return Status::Ok();
-  };
-  if (Status s = run(); !s.ok()) {
-    fail(&r, stage, s);
+  if (Status s = bind_tensors(*mem, plan, layout, in, test, &b); !s.ok()) {
+    fail(&r, "memory", s);
+    return r;
+  }
+  CaseCalls calls(spec, opt, plan, layout, *mem, b);
+  if (Status s = calls.run(&test, &r); !s.ok()) {
+    fail(&r, calls.stage, s);
     return r;
   }
 
@@ -520,47 +599,12 @@ CaseReport run_case(const CaseSpec& spec, const RunOptions& opt) {
                        changed_padding(test.dv, layout.kv_padding, pad)};
   const bool padding_ok =
       std::all_of(r.padding_changed.begin(), r.padding_changed.end(), [](int64_t n) { return !n; });
-
   if (!opt.check) {
     r.mode = CheckMode::None;
     r.pass = true;
     return r;
   }
-
-  const auto t0 = std::chrono::steady_clock::now();
-  if (plan.path() == Path::Cpu) {
-    r.mode = CheckMode::Dense;
-    const DenseOutputs dense = brute_force(spec, layout, in, test.o, opt);
-    const TensorViews ref = {dense.f.o.view(), dense.f.lse.view(), dense.g.dq.view(),
-                             dense.g.dk.view(), dense.g.dv.view()};
-    const Tolerances tol = dense_tolerances(spec.dtype);
-    r.segments = check_all(layout.segments, views(test), ref, nullptr, tol);
-    // d_sink is fp32 whatever the data's dtype, as LSE is; its rounding is relative to its terms.
-    Tolerance d_sink_tol = tol[size_t(Tensor::Lse)];
-    d_sink_tol.rel_floor *= cancellation(dense.g.d_sink, dense.g.d_sink_magnitude);
-    r.d_sink = check_d_sink(test.d_sink, dense.g.d_sink, nullptr, d_sink_tol);
-  } else {
-    r.mode = CheckMode::Reference;
-    ReferenceOutputs ref;
-    if (Status s = compute_reference(spec, plan, layout, in, opt, &ref); !s.ok()) {
-      fail(&r, "reference", s);
-      return r;
-    }
-    TensorViews lowp = views(ref.lowp);
-    if (ref.lowp_dq.dq.data()) lowp[size_t(Tensor::Dq)] = ref.lowp_dq.dq.view();
-    r.segments =
-        check_all(layout.segments, views(test), views(ref.exact), &lowp, reference_tolerances());
-    const std::vector<double> lowp_d_sink = head_doubles(ref.lowp.d_sink);
-    r.d_sink = check_d_sink(test.d_sink, head_doubles(ref.exact.d_sink), &lowp_d_sink,
-                            reference_tolerances()[size_t(Tensor::Lse)]);
-  }
-  if (spec.sink) check_keyless_rows(spec, layout, test, in.sink, &r);
-  r.check_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-
-  r.pass = padding_ok && r.nondeterministic <= 0 && r.d_sink.pass && r.keyless_wrong <= 0 &&
-           std::all_of(r.segments.begin(), r.segments.end(),
-                       [](const SegmentCheck& s) { return s.pass(); });
+  check_outputs(spec, opt, plan, layout, in, test, padding_ok, &r);
   return r;
 }
 
