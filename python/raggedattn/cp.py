@@ -156,6 +156,8 @@ def _exchange(tensors, sizes_from, plan: ShardPlan, rank: int, group):
     """Sends `tensors` to the next rank of the ring and receives the previous rank's, of
     `sizes_from` rows (the sending rank's token count); returns (received, requests)."""
     world = plan.cp
+    if world == 1:  # a ring of one: what leaves arrives back as it is (no transport to itself)
+        return list(tensors), []
     nxt, prv = _peer(group, (rank + 1) % world), _peer(group, (rank - 1) % world)
     received = [t.new_empty((sizes_from,) + tuple(t.shape[1:])) for t in tensors]
     ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, group) for t in tensors]

@@ -121,7 +121,7 @@ def _worker(rank, world, port, lengths, causal, window, seed, deterministic=Fals
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize("mask", ["causal", "causal_window", "none"])
 def test_all_gather_attention_matches_one_process(world, mask):
     torch = pytest.importorskip("torch")
@@ -155,7 +155,7 @@ def test_all_gather_attention_with_sinks(deterministic):
                             deterministic, "all_gather", True), nprocs=2, join=True)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_ring_attention_matches_one_process(world):
     pytest.importorskip("torch")
     pytest.importorskip("raggedattn.torch")

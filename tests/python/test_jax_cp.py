@@ -128,6 +128,7 @@ def _run_child(*args):
 
 @pytest.mark.parametrize("cp, mask, sink", [
     *((cp, mask, "none") for cp in (2, 4) for mask in ("causal", "causal_window", "none")),
+    (1, "causal", "none"),
     (2, "causal", "sink"), (4, "none", "sink"),
 ])
 def test_shard_map_matches_one_device(cp, mask, sink):
@@ -140,7 +141,7 @@ def test_deterministic_matches_one_device_and_repeats(cp, mask):
 
 
 @pytest.mark.parametrize("sink", ["none", "sink"])
-@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("cp", [1, 2, 4])
 def test_ring_matches_one_device(cp, sink):
     _run_child(cp, "causal", sink, "ring")
 
