@@ -2,14 +2,15 @@
 //
 // Per key tile: S = Q K^T (tensor cores, fp32), scale into the log2 domain (soft-cap first),
 // mask only where the tile straddles a band edge, online softmax, O += P V with P re-packed from
-// the S accumulators in registers. K and V have one shared-memory buffer each: V_n loads while
-// S_n is computed, K_{n+1} while P V_n is.
+// the S accumulators in registers (the softmax: fwd_softmax.cuh). K and V have one shared-memory
+// buffer each: V_n loads while S_n is computed, K_{n+1} while P V_n is.
 #pragma once
 
 #include "core/portable_shapes.hpp"
 #include "cuda/common/fwd_work.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/params.hpp"
+#include "cuda/portable/fwd_softmax.cuh"
 #include "cuda/portable/warp_mma.cuh"
 
 namespace raggedattn {
@@ -88,67 +89,7 @@ __global__ void __launch_bounds__(fwd_config(DQK, DV).warps * 32)
     zero(s);
     warp_gemm<T, MF, NF, DQK, false, false>(s, sQ, L.q_pitch, wm0, sK, L.k_pitch, 0, lane);
 
-    // Scores to the log2 domain: under a soft cap by its tanh pass; otherwise inside the
-    // exponent, exp2(s * scale_log2 - max), one FFMA per score (the row maximum is taken on the
-    // unscaled scores, the factor being positive), as the Hopper forward does.
-    float to_log2 = p.scale_log2;
-    if (p.softcap > 0.f) {
-      const float pre = p.scale / p.softcap, post = p.softcap * gpu::kLog2e;
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int f = 0; f < NF; ++f)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mf][f][e] = gpu::fast_tanh(s[mf][f][e] * pre) * post;
-      to_log2 = 1.f;
-    }
-    if (!p.mask.block_full(m0, m0 + BM, n0, n0 + BN, seg.len_q, seg.len_kv)) {
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = m0 + wm0 + mf * 16 + lane / 4 + 8 * half;
-          const int lo = p.mask.key_begin(i, seg.len_q, seg.len_kv);
-          const int hi = p.mask.key_end(i, seg.len_q, seg.len_kv);
-#pragma unroll
-          for (int f = 0; f < NF; ++f)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = n0 + f * 8 + 2 * (lane % 4) + e;
-              if (j < lo || j >= hi) s[mf][f][2 * half + e] = -INFINITY;
-            }
-        }
-    }
-
-    // Online softmax.
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int f = 0; f < NF; ++f)
-          mx = fmaxf(mx, fmaxf(s[mf][f][2 * half], s[mf][f][2 * half + 1]));
-        mx = fmaxf(row_max[mf][half], gpu::quad_max(mx) * to_log2);
-        const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-        const float alpha = gpu::fast_exp2(row_max[mf][half] - base);
-        row_max[mf][half] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int f = 0; f < NF; ++f)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pr = gpu::fast_exp2(fmaf(s[mf][f][2 * half + e], to_log2, -base));
-            s[mf][f][2 * half + e] = pr;
-            sum += pr;
-          }
-        row_sum[mf][half] = row_sum[mf][half] * alpha + sum;
-#pragma unroll
-        for (int f = 0; f < OF; ++f) {
-          acc_o[mf][f][2 * half] *= alpha;
-          acc_o[mf][f][2 * half + 1] *= alpha;
-        }
-      }
+    online_softmax<BM, MF, NF, OF>(p, seg, m0, n0, wm0, lane, s, row_max, row_sum, acc_o);
 
     gpu::cp_async_wait<0>();
     __syncthreads();  // V_n is in; every warp is done with K_n
