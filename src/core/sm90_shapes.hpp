@@ -290,10 +290,11 @@ struct BwdSmem {
   int ds_buffers;
   size_t bytes;  // dynamic shared memory to request (alignment slack included)
 };
-// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], dQ tile full and empty, and
-// the producer's own for a partial tile's TMA boxes (it zeroes the rows past the segment after).
-RATTN_HD constexpr int bwd_barriers(int stages) {
-  return 1 + 2 * stages + 2 + 1;
+// mbarriers: K/V landed, Q/dO stage full[stages] and empty[stages], each consumer's slice of the
+// dQ tile full and empty, and the producer's own for a partial tile's TMA boxes (it zeroes the
+// rows past the segment after).
+RATTN_HD constexpr int bwd_barriers(int stages, int consumers) {
+  return 1 + 2 * stages + 2 * consumers + 1;
 }
 RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, bool dq_regs) {
   const BwdConfig c = bwd_config(dqk, dv, dq_regs);
@@ -313,7 +314,7 @@ RATTN_HD constexpr BwdSmem bwd_smem(int dqk, int dv, bool dq_regs) {
   s.lse = s.dq + s.dq_tile;
   s.dpsum = s.lse + c.stages * s.stat_stage;
   s.bars = s.dpsum + c.stages * s.stat_stage;
-  s.bytes = s.bars + bwd_barriers(c.stages) * 8 + kSmemAlign;
+  s.bytes = s.bars + bwd_barriers(c.stages, c.consumers) * 8 + kSmemAlign;
   return s;
 }
 static_assert(bwd_smem(64, 64, false).bytes <= 227 * 1024 &&

@@ -197,7 +197,7 @@ TEST(Sm90Smem, BackwardRegionsAreDisjointAlignedAndInside) {
                                {"dS^T buffers", L.ds, L.ds + L.ds_buffers * L.ds_stage, 1024},
                                {"LSE stages", L.lse, L.lse + c.stages * L.stat_stage, 16},
                                {"dot stages", L.dpsum, L.dpsum + c.stages * L.stat_stage, 16},
-                               {"mbarriers", L.bars, L.bars + sm90::bwd_barriers(c.stages) * 8, 8}};
+                               {"mbarriers", L.bars, L.bars + sm90::bwd_barriers(c.stages, c.consumers) * 8, 8}};
       if (L.dq_tile > 0) r.push_back({"dQ tile", L.dq, L.dq + L.dq_tile, 16});
       for (size_t stage : {L.q_stage, L.do_stage, L.ds_stage}) EXPECT_EQ(stage % 1024, 0u) << what;
       // The column split's dS^T copy per consumer; the key split's one or two (alternating steps).

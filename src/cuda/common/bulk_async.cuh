@@ -61,6 +61,11 @@ __device__ __forceinline__ void bulk_commit() {
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// The same for all but the N most recent of them.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read_but() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
 // Waits until this thread's bulk groups are complete (their global writes performed).
 __device__ __forceinline__ void bulk_wait_done() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");

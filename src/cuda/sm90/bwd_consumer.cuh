@@ -4,8 +4,10 @@
 //   S^T  = K_c Q^T, dP^T = V_c dO^T; P^T and dS^T on the registers   (bwd_scores.cuh)
 //   dS^T -> shared memory ([key][query], 128-byte swizzled, bwd_ds_buffers)
 //   dV  += P^T dO, dK += dS^T Q   (A from registers, B N-major in shared memory)
-//   dQ[:, dq0 .. dq0 + DQN) = dS K over the CTA's keys, into the shared dQ tile for warp 1, or
-//                                  (DQ_REGS) straight into the scratch by vector reductions.
+//   dQ[:, dq0 .. dq0 + DQN) = dS K over the CTA's keys, into the consumer's slice of the shared
+//                                  dQ tile for warp 1, or (DQ_REGS) straight into the scratch by
+//                                  vector reductions.
+// At D = 128 the products run in the order dV, dQ, dK, and the slice is written while dK runs.
 #pragma once
 
 #include <type_traits>
@@ -88,6 +90,19 @@ struct StepBases {
   uint32_t k, v, ds, q, d_o;
 };
 
+// dK += dS^T Q: A = dS^T from registers, B = Q's columns from dk0, N-major (its rows are the
+// step's queries).
+template <class S, int DKN>
+__device__ __forceinline__ void issue_dk(const StepBases& at, int dk0, float (&acc_dk)[DKN / 8][4],
+                                         const uint32_t (&a_ds)[S::QSTEPS][4]) {
+  const uint64_t q_cols = desc_mn_major(at.q + col_offset(dk0, S::BM), S::BM * kSwizzleBytes);
+#pragma unroll
+  for (int kc = 0; kc < S::QSTEPS; ++kc) {
+    accumulate_rs<typename S::T, DKN>(acc_dk, a_ds[kc],
+                                      desc_advance(q_cols, kc * 16 * kSwizzleBytes));
+  }
+}
+
 // A step that sees keys of this warpgroup: the score products, P^T and dS^T, dS^T into shared
 // memory (before dV and dK are issued: a wgmma's register A operand may not be read by other
 // instructions while the wgmma is in flight), then dV += P^T dO and dK += dS^T Q issued, in flight
@@ -97,7 +112,8 @@ __device__ __forceinline__ void step_gradients(const BwdParams& p, const BwdCta&
                                                const BwdConsumer& me, const StepBases& at, int buf,
                                                int ds_buf, int m0, int it, int dk0, int dv0,
                                                float (&acc_dk)[DKN / 8][4],
-                                               float (&acc_dv)[DVN / 8][4]) {
+                                               float (&acc_dv)[DVN / 8][4],
+                                               uint32_t (&a_ds)[S::QSTEPS][4]) {
   using T = typename S::T;
   constexpr int BM = S::BM;
   constexpr BwdSmem L = S::L;
@@ -112,7 +128,7 @@ __device__ __forceinline__ void step_gradients(const BwdParams& p, const BwdCta&
     issue_scores<S>(S::DV / 16, dpt, desc_k_major(at.v + me.key0 * kSwizzleBytes),
                     desc_k_major(at.d_o));  // group: dP^T
   }
-  uint32_t a_p[S::QSTEPS][4], a_ds[S::QSTEPS][4];
+  uint32_t a_p[S::QSTEPS][4];
   ScoreStep step;
   step.s_lse = reinterpret_cast<const float*>(cta.smem + L.lse + buf * L.stat_stage);
   step.s_dp = reinterpret_cast<const float*>(cta.smem + L.dpsum + buf * L.stat_stage);
@@ -147,19 +163,15 @@ __device__ __forceinline__ void step_gradients(const BwdParams& p, const BwdCta&
     }
   }
   store_ds<S>(me, at.ds, a_ds);
-  // dV += P^T dO and dK += dS^T Q (B N-major: its rows are this step's queries, its columns this
-  // warpgroup's columns of dV (dK), from dv0 (dk0)).
+  // dV += P^T dO (B N-major: its rows are this step's queries, its columns this warpgroup's
+  // columns of dV, from dv0), and dK += dS^T Q here too unless it follows dQ (S::kDkAfterDq).
   wgmma_fence();
   const uint64_t do_cols = desc_mn_major(at.d_o + col_offset(dv0, BM), BM * kSwizzleBytes);
-  const uint64_t q_cols = desc_mn_major(at.q + col_offset(dk0, BM), BM * kSwizzleBytes);
 #pragma unroll
   for (int kc = 0; kc < S::QSTEPS; ++kc) {
     accumulate_rs<T, DVN>(acc_dv, a_p[kc], desc_advance(do_cols, kc * 16 * kSwizzleBytes));
   }
-#pragma unroll
-  for (int kc = 0; kc < S::QSTEPS; ++kc) {
-    accumulate_rs<T, DKN>(acc_dk, a_ds[kc], desc_advance(q_cols, kc * 16 * kSwizzleBytes));
-  }
+  if constexpr (!S::kDkAfterDq) issue_dk<S, DKN>(at, dk0, acc_dk, a_ds);
   wgmma_commit();
 }
 
@@ -210,31 +222,29 @@ __device__ __forceinline__ void write_dq_part(const BwdParams& p, const BwdCta& 
 // into each row; otherwise whole panels); k16 steps over the CTA's keys. The first k-step
 // overwrites the accumulators (scale-d 0). In parts of DQP columns, each written out before the
 // next is issued, where the consumer's dK and dV accumulators leave no room for all DQN (key split
-// at Dqk 192: 32 of 96 at a time). The Q/dO stage is released once dV and dK have landed.
+// at Dqk 192: 32 of 96 at a time). Where dK follows dQ (S::kDkAfterDq) it is issued here, from
+// a_ds, and runs while dQ is written out; `gradients` is false on an idle step (no dV or dK). The
+// Q/dO stage is released once dV and dK have landed.
 template <class S, int DKN, int DVN, int DQN>
 __device__ __forceinline__ void step_dq(const BwdParams& p, const BwdCta& cta,
                                         const BwdConsumer& me, const StepBases& at, int buf, int it,
-                                        int m0, int qh, int dq0, float (&acc_dk)[DKN / 8][4],
-                                        float (&acc_dv)[DVN / 8][4]) {
+                                        int m0, int qh, int dk0, int dq0, bool gradients,
+                                        float (&acc_dk)[DKN / 8][4], float (&acc_dv)[DVN / 8][4],
+                                        const uint32_t (&a_ds)[S::QSTEPS][4]) {
   using T = typename S::T;
-  // At D = 128, dQ is issued behind dV and dK (the tensor cores go on without a gap), its 64
-  // columns' accumulators live beside their register operands (P^T, dS^T). Elsewhere dV and dK
-  // land first: under the column split (up to 128 columns of dQ) their operands die, so dQ's
-  // accumulators do not add to the live registers; at D = 64 (32 columns, 8 k-steps of m64n32)
-  // issuing it behind gains nothing.
-  constexpr bool kDqBehind = !S::SPLIT && S::DQK == 128;
   auto release_stage = [&]() {
     pin(acc_dv);
     pin(acc_dk);
     mbar_arrive(&cta.bars.empty[buf]);  // this thread's reads of the Q/dO stage are complete
   };
-  if constexpr (!kDqBehind) {
+  if constexpr (!S::kDkAfterDq) {
     wgmma_wait<0>();
     release_stage();
   }
   constexpr int DQP = S::kScoresInTurn ? 32 : DQN;
   static_assert(DQN % DQP == 0 && (DQP == 128 || DQP == 64 || DQP == 32),
                 "dQ's columns in whole parts of one wgmma N");
+  static_assert(!S::kDkAfterDq || DQP == DQN, "dK follows dQ's only part");
   const uint64_t ds_rows = desc_mn_major(at.ds, S::BN * kSwizzleBytes);
 #pragma unroll
   for (int part = 0; part < DQN / DQP; ++part) {
@@ -255,22 +265,31 @@ __device__ __forceinline__ void step_dq(const BwdParams& p, const BwdCta& cta,
       }
     }
     wgmma_commit();
-    if constexpr (kDqBehind) {
-      wgmma_wait<1>();  // dV and dK have landed
-      release_stage();
+    if constexpr (S::kDkAfterDq) {
+      if (gradients) {
+        issue_dk<S, DKN>(at, dk0, acc_dk, a_ds);
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dQ have landed; dK runs on
+      } else {
+        wgmma_wait<0>();
+      }
+    } else {
+      wgmma_wait<0>();
     }
-    wgmma_wait<0>();
     pin(dq);
     pin(acc_dv);
-    pin(acc_dk);
     if (part + 1 == DQN / DQP) release_ds<S>(me, it, cta.w.steps);  // this step's dS^T is read
-    // The shared dQ tile once warp 1 has read out the previous one.
-    if (!S::DQ_REGS && part == 0 && it > 0) mbar_wait(cta.bars.dq_empty, (it - 1) & 1);
+    // This consumer's slice of the shared dQ tile once warp 1 has read out the previous one.
+    if (!S::DQ_REGS && part == 0 && it > 0) mbar_wait(&cta.bars.dq_empty[me.c], (it - 1) & 1);
     write_dq_part<S, DQP>(p, cta, me, dq, col0, m0, qh);
   }
   if constexpr (!S::DQ_REGS) {
     fence_proxy_async_smem();  // visible to the bulk reduce (async proxy)
-    mbar_arrive(cta.bars.dq_full);
+    mbar_arrive(&cta.bars.dq_full[me.c]);
+  }
+  if constexpr (S::kDkAfterDq) {
+    wgmma_wait<0>();  // dK has landed
+    release_stage();
   }
 }
 
@@ -327,12 +346,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, const BwdCta& c
     // warpgroup's dS^T rows in shared memory set to zero for the other's dQ, and only its dQ
     // columns computed.
     const bool idle = !S::SPLIT && (min(m0 + BM, seg.len_q) <= seen_lo || m0 >= seen_hi);
+    uint32_t a_ds[S::QSTEPS][4];  // dS^T packed: dK's A operand
     if (idle) {
       wait_ds_free<S>(me, it);
       const uint32_t zero[S::QSTEPS][4] = {};
       store_ds<S>(me, at.ds, zero);
     } else {
-      step_gradients<S, DKN, DVN>(p, cta, me, at, buf, ds_buf, m0, it, dk0, dv0, acc_dk, acc_dv);
+      step_gradients<S, DKN, DVN>(p, cta, me, at, buf, ds_buf, m0, it, dk0, dv0, acc_dk, acc_dv,
+                                  a_ds);
     }
     if constexpr (S::SPLIT) {
       // This warpgroup's dS^T rows are in (its own copy). Constant ids, as above.
@@ -344,7 +365,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, const BwdCta& c
     } else {
       named_barrier_sync(1, S::kConsumerThreads);  // both warpgroups' dS^T rows are in
     }
-    step_dq<S, DKN, DVN, DQN>(p, cta, me, at, buf, it, m0, qh, dq0, acc_dk, acc_dv);
+    step_dq<S, DKN, DVN, DQN>(p, cta, me, at, buf, it, m0, qh, dk0, dq0, !idle, acc_dk, acc_dv,
+                              a_ds);
   }
   bwd_epilogue<S, DKN, DVN>(p, cta, me, acc_dk, acc_dv, dk0, dv0);
 }

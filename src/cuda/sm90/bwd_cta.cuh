@@ -51,6 +51,16 @@ struct BwdShape {
   // of the step loop, the addresses spill. Elsewhere hoisting them costs nothing and saves the
   // step their arithmetic.
   static constexpr bool kAddressesPerStep = SPLIT || kScoresInTurn;
+  // The step's products in the order dV, dQ, dK (D = 128): the consumer writes its dQ slice out
+  // while its dK runs on the tensor core. Elsewhere dV and dK land before dQ is issued: under the
+  // column split (up to 128 columns of dQ) their operands die first, so dQ's accumulators do not
+  // add to the live registers, and at D = 64 (32 columns) the slice is short.
+  static constexpr bool kDkAfterDq = !SPLIT && DQK == 128;
+  // Consumer c's columns of the dQ tile are one contiguous slice of it (the tile is panel-major,
+  // DqAccumLayout::fragment_index), written and reduced apart from the other's.
+  static constexpr int kDqSliceCols = bwd_columns(DQK, DV, 0).dqn;
+  static_assert(C.consumers == 2 && bwd_columns(DQK, DV, 1).dq0 == kDqSliceCols,
+                "consumer c's dQ columns start at c slices");
   static_assert(!DQ_REGS || SPLIT, "dQ from registers: the column split's kernel only");
   static_assert(bwd_supports(DQK, DV), "the head dims of bwd_columns");
   static_assert(BM == PANEL, "dS^T rows are one panel: the dQ product reads them M-major");
@@ -69,8 +79,8 @@ struct BwdBarriers {
   uint64_t* kv_full;   // K and V have landed (warp 0's 32 arrivals)
   uint64_t* full;      // [STAGES]: a Q/dO stage has landed (warp 0's 32 arrivals)
   uint64_t* empty;     // [STAGES]: both consumers are done with a stage
-  uint64_t* dq_full;   // the consumers wrote the step's dQ tile
-  uint64_t* dq_empty;  // warp 1 has read it out
+  uint64_t* dq_full;   // [consumers]: consumer c wrote its slice of the step's dQ tile
+  uint64_t* dq_empty;  // [consumers]: warp 1 has read slice c out
   uint64_t* partial;   // warp 0: a partial tile's TMA boxes have landed
 
   template <class S>
@@ -80,8 +90,8 @@ struct BwdBarriers {
     bars.full = bars.kv_full + 1;
     bars.empty = bars.full + S::STAGES;
     bars.dq_full = bars.empty + S::STAGES;
-    bars.dq_empty = bars.dq_full + 1;
-    bars.partial = bars.dq_empty + 1;
+    bars.dq_empty = bars.dq_full + S::C.consumers;
+    bars.partial = bars.dq_empty + S::C.consumers;
     return bars;
   }
   // By thread 0, before the CTA's __syncthreads.
@@ -92,8 +102,10 @@ struct BwdBarriers {
       mbar_init(&full[s], 32);
       mbar_init(&empty[s], S::kConsumerThreads);
     }
-    mbar_init(dq_full, S::kConsumerThreads);
-    mbar_init(dq_empty, 1);
+    for (int c = 0; c < S::C.consumers; ++c) {
+      mbar_init(&dq_full[c], 128);
+      mbar_init(&dq_empty[c], 1);
+    }
     mbar_init(partial, 1);
   }
 };

@@ -1,9 +1,9 @@
 // The Hopper backward's dQ writer, producer warp 1 (lane 0): each step's dQ tile, rows
-// [m0, m0 + BM) of head h, from shared memory into the scratch with one bulk copy. In
-// deterministic mode it waits for the tile's turn first; elsewhere, where the Plan reserved
-// claims (BwdWorkspace::dq_claims), the first key tile to claim a scratch tile stores it and the
-// others add into it once it is written, so the scratch is never zeroed. Not in the kernel that
-// adds dQ from the consumers' registers (DQ_REGS).
+// [m0, m0 + BM) of head h, from shared memory into the scratch with one bulk copy per consumer's
+// slice. In deterministic mode it waits for the tile's turn first; elsewhere, where the Plan
+// reserved claims (BwdWorkspace::dq_claims), the first key tile to claim a scratch tile stores it
+// and the others add into it once it is written, so the scratch is never zeroed. Not in the
+// kernel that adds dQ from the consumers' registers (DQ_REGS).
 #pragma once
 
 #include "cuda/sm90/bwd_cta.cuh"
@@ -11,12 +11,31 @@
 namespace raggedattn {
 namespace sm90 {
 
+// One consumer's slice of the step's dQ tile (its bytes at `off` in both) into the scratch at
+// `dst`: stored by the tile's first claimer, added otherwise, in the scratch's element type.
+template <class S>
+__device__ __forceinline__ void dq_slice_out(const BwdParams& p, void* dst, const void* src,
+                                             uint32_t bytes, bool first) {
+  if (first) {
+    bulk_store(dst, src, bytes);
+  } else if (p.dq_accum.type == AccumType::F32) {
+    bulk_reduce_add(static_cast<float*>(dst), src, bytes);
+  } else {
+    // The 16-bit scratch is in the input's own format (the Plan's AccumType).
+    bulk_reduce_add(static_cast<typename S::T*>(dst), src, bytes);
+  }
+  bulk_commit();
+}
+
+// Each consumer's slice goes out as soon as that consumer has written it (dq_full[c]) and is
+// handed back once read (dq_empty[c]), so a consumer never waits for the other's dQ.
 template <class S>
 __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& cta) {
   constexpr int BM = S::BM, BN = S::BN;
   const gpu::KeyTileWork& w = cta.w;
   const Segment& seg = w.seg;
   const BwdBarriers& bars = cta.bars;
+  const uint32_t slice_bytes = uint32_t(BM) * S::kDqSliceCols * uint32_t(p.dq_accum.elem_bytes());
   for (int it = 0, qt = w.m_rot, qh = 0; it < w.steps; ++it, w.next_step(qt, qh)) {
     const int h = cta.hk * p.group + qh;  // as warp 0 counts them
     const int m_tile = w.m_first + qt;
@@ -25,13 +44,13 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
     // hold, land in its own slot's last tile and are never read).
     const int64_t off = p.dq_accum.offset(0, cta.b, seg.cu_q, h, m0);
     // Claimed tiles: the first key tile to claim this one (0 -> 1) stores it and marks it
-    // written (2) once its bulk copy has completed; any other adds only once the tile is marked.
-    // The marking mirrors the deterministic turns' release and acquire. The claim is taken before
-    // the step's tile is in (its round trip overlaps the consumers' step, not this warp's
-    // hand-off).
+    // written (2) once its bulk copies have completed; any other adds only once the tile is
+    // marked. The marking mirrors the deterministic turns' release and acquire. The claim is
+    // taken before the step's slices are in (its round trip overlaps the consumers' step, not this
+    // warp's hand-off).
     int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
     const int claimed = claim ? atomicCAS(claim, 0, 1) : 2;
-    mbar_wait(bars.dq_full, it & 1);
+    mbar_wait(&bars.dq_full[0], it & 1);
     int32_t* lock = nullptr;
     int expected = 0;
     if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
@@ -46,28 +65,25 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
       __threadfence();
       fence_proxy_async_global();  // the store seen before this thread's bulk reduce-add
     }
-    void* dst = static_cast<unsigned char*>(p.dq_accum_ptr) + off * p.dq_accum.elem_bytes();
-    const uint32_t bytes = uint32_t(BM) * S::DQK * uint32_t(p.dq_accum.elem_bytes());
-    unsigned char* tile = cta.smem + S::L.dq;
-    if (first) {
-      bulk_store(dst, tile, bytes);
-    } else if (p.dq_accum.type == AccumType::F32) {
-      bulk_reduce_add(static_cast<float*>(dst), tile, bytes);
-    } else {
-      // The 16-bit scratch is in the input's own format (the Plan's AccumType).
-      bulk_reduce_add(static_cast<typename S::T*>(dst), tile, bytes);
-    }
-    bulk_commit();
+    unsigned char* dst =
+        static_cast<unsigned char*>(p.dq_accum_ptr) + off * p.dq_accum.elem_bytes();
+    const unsigned char* tile = cta.smem + S::L.dq;
+    dq_slice_out<S>(p, dst, tile, slice_bytes, first);
+    mbar_wait(&bars.dq_full[1], it & 1);
+    dq_slice_out<S>(p, dst + slice_bytes, tile + slice_bytes, slice_bytes, first);
+    // Each slice's shared memory may be written again once its group has read it.
     if (lock) {
       bulk_wait_done();
       fence_proxy_async_global();
       __threadfence();
       atomicAdd(lock, 1);
     } else {
-      bulk_wait_read();
+      bulk_wait_read_but<1>();  // slice 0's group
     }
-    mbar_arrive(bars.dq_empty);  // the tile's shared memory may be written again
-    if (first) {                 // the tile is written: the other key tiles may add into it
+    mbar_arrive(&bars.dq_empty[0]);
+    bulk_wait_read();
+    mbar_arrive(&bars.dq_empty[1]);
+    if (first) {  // the tile is written: the other key tiles may add into it
       bulk_wait_done();
       fence_proxy_async_global();
       __threadfence();

@@ -60,6 +60,7 @@ using gpu::bulk_reduce_add;
 using gpu::bulk_store;
 using gpu::bulk_wait_done;
 using gpu::bulk_wait_read;
+using gpu::bulk_wait_read_but;
 using gpu::fence_proxy_async_global;
 using gpu::fence_proxy_async_smem;
 
