@@ -43,6 +43,17 @@ Status zero_padding(const PlanData& d, const Tensors& t, void* stream) {
 #endif
 }
 
+// A CUDA path's calls run in the plan's device's context (cuda::bind_thread_context).
+Status bind_context(const PlanData& d, const char* where) {
+#ifdef RATTN_WITH_CUDA
+  if (d.path != Path::Cpu) return cuda::bind_thread_context(d.caps.device, where);
+#else
+  (void)d;
+  (void)where;
+#endif
+  return Status::Ok();
+}
+
 Status run_forward(const PlanData& d, const FwdTensors& t, void* workspace, void* stream) {
   switch (d.path) {
     case Path::Cpu:
@@ -98,6 +109,7 @@ Status forward(const Plan& plan, const FwdTensors& t, void* workspace, size_t wo
   if (!plan.valid()) return invalid_value("forward", "the plan is empty (make_plan failed?)");
   const PlanData& d = plan.data();
   RATTN_RETURN_IF_ERROR(check_fwd_call(d, t, workspace, workspace_bytes));
+  RATTN_RETURN_IF_ERROR(bind_context(d, "forward"));
   RATTN_RETURN_IF_ERROR(run_forward(d, t, workspace, stream));
   return zero_padding(d, t, stream);
 }
@@ -107,6 +119,7 @@ Status backward(const Plan& plan, const BwdTensors& t, void* workspace, size_t w
   if (!plan.valid()) return invalid_value("backward", "the plan is empty (make_plan failed?)");
   const PlanData& d = plan.data();
   RATTN_RETURN_IF_ERROR(check_bwd_call(d, t, workspace, workspace_bytes));
+  RATTN_RETURN_IF_ERROR(bind_context(d, "backward"));
   RATTN_RETURN_IF_ERROR(run_backward(d, t, workspace, stream));
   return zero_padding(d, t, stream);
 }
@@ -119,6 +132,7 @@ Status check_segments(const Plan& plan, const int32_t* cu_q, const int32_t* cu_k
   if (d.path == Path::Cpu) return check_host_segments(p, cu_q, cu_kv, off_q, off_kv);
 #ifdef RATTN_WITH_CUDA
   RATTN_RETURN_IF_ERROR(check_segment_presence("check_segments", p, cu_q, cu_kv, off_q, off_kv));
+  RATTN_RETURN_IF_ERROR(bind_context(d, "check_segments"));
   const int n = p.batch + 1;
   std::vector<int32_t> hq(n), hk(n), hoq, hok;
   RATTN_RETURN_IF_ERROR(cuda::copy_to_host(cu_q, n, hq.data(), stream));

@@ -8,6 +8,10 @@ namespace cuda {
 
 DeviceCaps query_device(int device);
 
+// Makes `device`'s primary context current on the calling thread where the thread has none, before
+// a direction's first CUDA call (caps.cu says why); a thread with a current context keeps it.
+Status bind_thread_context(int device, const char* where);
+
 Status portable_forward(const PlanData& plan, const FwdTensors& t, void* workspace, void* stream);
 Status portable_backward(const PlanData& plan, const BwdTensors& t, void* workspace, void* stream);
 // The Hopper path (wgmma, sm_90a builds only).

@@ -1,10 +1,12 @@
 // Properties that need the tensors in hand rather than a report: the deterministic backward is
-// bitwise identical over 20 runs, and forward + backward captured in a CUDA graph (no allocation,
-// no host synchronization inside) replay to the same bytes as direct calls.
+// bitwise identical over 20 runs; forward + backward captured in a CUDA graph (no allocation,
+// no host synchronization inside) replay to the same bytes as direct calls; and calls from a
+// thread that has made no CUDA call yet (no current context) give the same bytes too.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "gpu_test_util.hpp"
@@ -118,6 +120,10 @@ class Fixture : public ::testing::Test {
       fwd_ws_;
 };
 
+Status cuda_status_of(cudaError_t e) {
+  return e == cudaSuccess ? Status::Ok() : Status(RATTN_ERROR_CUDA, cudaGetErrorString(e));
+}
+
 // The CUDA paths this machine runs: the portable one, and the Hopper one on an sm_90 device.
 std::vector<rattn_backend> cuda_paths() {
   std::vector<rattn_backend> b{RATTN_BACKEND_CUDA_PORTABLE};
@@ -175,6 +181,39 @@ TEST_F(Fixture, GraphCaptureReplaysToTheSameBytes) {
   for (rattn_backend backend : cuda_paths()) {
     SCOPED_TRACE(verify::backend_str(backend));
     ReplaysToTheSameBytes(pack_case(backend, true, RATTN_DQ_ACCUM_FP32));
+  }
+}
+
+// A framework's backward runs on a worker thread of its own, which may reach the library before
+// making any CUDA call itself: the thread has no current context (the first backward of a
+// PyTorch process whose autograd graph starts at the attention's output).
+TEST_F(Fixture, CallsFromAThreadWithoutAContextGiveTheSameBytes) {
+  RATTN_REQUIRE_GPU();
+  for (rattn_backend backend : cuda_paths()) {
+    SCOPED_TRACE(verify::backend_str(backend));
+    Prepare(pack_case(backend, true, RATTN_DQ_ACCUM_FP32));
+    RATTN_OK(forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes));
+    RATTN_OK(backward(plan_, Bwd(), ws_.ptr, ws_.bytes));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const DeviceTensor* outs[5] = {&o_, &lse_, &dq_, &dk_, &dv_};
+    std::vector<unsigned char> direct[5];
+    for (int t = 0; t < 5; ++t) direct[t] = Download(*outs[t]);
+    for (const DeviceTensor* t : outs) Poison(*t);
+    CUDA_OK(cudaDeviceSynchronize());
+    // Each direction on a fresh thread, which makes no CUDA call before the library's.
+    Status f, b;
+    std::thread([&] { f = forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes); }).join();
+    ASSERT_TRUE(f.ok()) << f.message();
+    std::thread([&] {
+      b = backward(plan_, Bwd(), ws_.ptr, ws_.bytes);
+      if (b.ok()) b = cuda_status_of(cudaDeviceSynchronize());
+    }).join();
+    ASSERT_TRUE(b.ok()) << b.message();
+    for (int t = 0; t < 5; ++t) {
+      std::vector<unsigned char> got = Download(*outs[t]);
+      ASSERT_EQ(std::memcmp(got.data(), direct[t].data(), got.size()), 0)
+          << "output " << t << " (O, LSE, dQ, dK, dV) differs when called from a fresh thread";
+    }
   }
 }
 

@@ -8,6 +8,8 @@ GPU). Forward, LSE and gradients for the named cases of cases.py, the op's regis
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -274,6 +276,30 @@ def test_packed_qkv_view(device):
     torch.testing.assert_close(o, o_dense, rtol=0, atol=0)
     for i, x in enumerate(dense):
         torch.testing.assert_close(qkv.grad[:, i], x.grad, rtol=0, atol=0)
+
+
+_FIRST_BACKWARD = """
+import torch
+import raggedattn.torch as rt
+cu = torch.tensor([0, 70, 300], dtype=torch.int32, device="cuda")
+q, k, v = (torch.randn(300, h, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+           for h in (4, 2, 2))
+o = rt.attention(q, k, v, cu, cu, 230, 230, causal=True)
+o.backward(torch.randn_like(o))  # autograd's fresh device thread: our backward is its first call
+torch.cuda.synchronize()
+assert all(bool(torch.isfinite(x.grad).all()) for x in (q, k, v))
+print("OK")
+"""
+
+
+@needs_cuda
+def test_first_backward_of_a_process_on_autograds_own_thread():
+    """The first backward of a process whose graph starts at the attention's output: autograd runs
+    it on a device thread that has made no CUDA call yet (no current context), which the library
+    must bind itself (the Hopper path's first call is a driver call)."""
+    done = subprocess.run([sys.executable, "-c", _FIRST_BACKWARD], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
 
 
 @pytest.mark.parametrize("device", DEVICES)
