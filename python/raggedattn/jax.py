@@ -295,21 +295,20 @@ def _longest(cu, total: int) -> int:
 
 
 def _target(x) -> Tuple[bool, int]:
-    """The platform (and device) the call is for: x's device if it has one, else the default."""
+    """The platform (and device) the call is for, as JAX places it: a committed array's device; an
+    uncommitted one's where no default device is set (jax.default_device), else the default, as
+    for a tracer."""
+    default = getattr(jax.config, "jax_default_device", None)
+    if isinstance(default, str):
+        default = jax.devices(default)[0]
     device = None
-    if _is_concrete(x):
+    if _is_concrete(x) and (default is None or getattr(x, "committed", True)):
         try:
             device = next(iter(x.devices()))
         except (AttributeError, StopIteration):
             device = None
     if device is None:
-        default = getattr(jax.config, "jax_default_device", None)
-        if isinstance(default, str):
-            device = jax.devices(default)[0]
-        elif default is not None:
-            device = default
-        else:
-            device = jax.devices()[0]
+        device = default if default is not None else jax.devices()[0]
     if device.platform == "cpu":
         return False, -1
     if device.platform in ("gpu", "cuda"):
