@@ -8,6 +8,7 @@
 #include "cuda/common/math.cuh"
 #include "cuda/common/params.hpp"
 #include "cuda/common/warp.cuh"
+#include "cuda/sm90/fwd_epilogue.cuh"
 #include "cuda/sm90/fwd_producer.cuh"
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_ops.hpp"
@@ -203,6 +204,19 @@ __device__ __forceinline__ void issue_s_products(uint32_t q_addr, uint32_t k_add
   }
 }
 
+// The first QREG k16 steps' Q fragments (the A operand of S's RS wgmma) for consumer cw's rows of
+// the swizzled BM-row Q tile at q_addr, by ldmatrix: lanes 0-15 address the warp's 16 rows at a
+// step's first 8 columns, lanes 16-31 at its last 8 (the A fragment's four 8x8 tiles).
+template <int BM, int QREG>
+__device__ __forceinline__ void load_q_fragments(uint32_t q_addr, int cw, int warp_in_wg,
+                                                 int lane, uint32_t (&qa)[QREG][4]) {
+  const int q_row = cw * 64 + warp_in_wg * 16 + lane % 16;
+#pragma unroll
+  for (int kk = 0; kk < QREG; ++kk) {
+    gpu::ldmatrix_x4(qa[kk], q_addr + swizzled_offset(BM, q_row, 2 * kk + lane / 16));
+  }
+}
+
 // A consumer warpgroup's part of one work item (its 64 query rows of the item's tile w, query
 // head h) with Q in shared memory (Q buffer q_buf; the first fwd_q_reg_ksteps k-steps of S read it
 // from registers, loaded once per item): the key loop over the item's K/V tiles, which
@@ -225,7 +239,6 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   constexpr FwdSmem L = fwd_smem(DQK, DV, kPersistent);
   static_assert(DV == 64 || DV == 128 || DV == 256, "P V is one m64nDV instruction per 16 keys");
   static_assert(BN == 64 || BN == 128, "S is one m64n(BN) instruction per 16 head-dim columns");
-  using Mma = gpu::MmaType<T>;
 
   const int tid = threadIdx.x, lane = tid % 32;
   // The consumer warpgroup, read through a shuffle from lane 0 so that the compiler knows it is
@@ -254,19 +267,11 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   uint32_t a[BN / 16][4];  // P of the current tile, the register A operand of P V
   float sc[NF][4];
   // The first kQRegSteps k16 steps of S = Q K^T take Q's fragments from registers (the RS
-  // wgmma; fwd_q_reg_ksteps), loaded once per item by ldmatrix from the swizzled Q tile: lanes
-  // 0-15 address the warp's 16 rows at a step's first 8 columns, lanes 16-31 at its last 8 (the
-  // A fragment's four 8x8 tiles). The other steps read Q from shared memory.
+  // wgmma; fwd_q_reg_ksteps), loaded once per item. The other steps read Q from shared memory.
   constexpr int kQRegSteps = fwd_q_reg_ksteps(DQK, kPersistent);
   static_assert(kQRegSteps >= 0 && kQRegSteps <= KSTEPS, "Q's register steps are steps of S");
   uint32_t qa[kQRegSteps > 0 ? kQRegSteps : 1][4];
-  if constexpr (kQRegSteps > 0) {
-    const int q_row = cw * 64 + warp_in_wg * 16 + lane % 16;
-#pragma unroll
-    for (int kk = 0; kk < kQRegSteps; ++kk) {
-      gpu::ldmatrix_x4(qa[kk], q_addr + swizzled_offset(BM, q_row, 2 * kk + lane / 16));
-    }
-  }
+  if constexpr (kQRegSteps > 0) load_q_fragments<BM, kQRegSteps>(q_addr, cw, warp_in_wg, lane, qa);
   // This consumer's rows inside the segment (none: a segment's last tile of at most 64 rows, for
   // consumer 1) and, on the item's last key tile, the keys its rows see from the tile's first key
   // (causal: consumer 0 sees at most the first 64 keys of the diagonal tile). Both ends of the
@@ -372,64 +377,31 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   pin(acc_o);
   mbar_arrive(&ring.empty_v[last]);
 
-  // Epilogue: LSE in natural log; O normalized, then (kStageO) staged in this consumer's 64 rows
-  // of the Q buffer (its score products have all landed, and the other consumer reads only its
-  // own rows; same swizzled panels, so stmatrix writes and the 16-byte row reads are free of bank
-  // conflicts) and stored by whole 16-byte row chunks: a quarter of the store instructions, and
-  // full sectors, where the accumulator layout gives 4-byte pieces of eight rows per instruction.
+  // Epilogue (fwd_epilogue.cuh): LSE, then O, staged through this consumer's rows of the Q buffer
+  // where kStageO (its score products have all landed).
   static_assert(DV <= DQK, "O's 64 rows fit the consumer's rows of the Q buffer");
   float inv[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const gpu::RowScale fin = gpu::finish_row(row_max[half], gpu::quad_sum(row_sum[half]), sink2);
-    inv[half] = fin.inv;
-    const int r = row_a + 8 * half;
-    if (r < rows && lane % 4 == 0) lse[r] = fin.lse;
-  }
+  finish_rows(row_max, row_sum, sink2, lse, rows, row_a, lane, inv);
   if constexpr (!kStageO) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row_a + 8 * half;
+    store_o_direct<T, DV>(acc_o, inv, o, o_stride, rows, row_a, lane);
+  } else {
+    stage_o<T, BM, DV>(acc_o, inv, q_addr, cw, warp_in_wg, lane);
+    named_barrier_sync(5 + cw, 128);  // this consumer's O rows are in shared memory
+    constexpr int CH = DV / 8;        // 16-byte chunks of an O row
+#pragma unroll 4
+    for (int k = 0; k < 64 * CH / 128; ++k) {
+      const int i = (tid % 128) + k * 128, r = cw * 64 + i / CH, c = i % CH;
       if (r < rows) {
-        T* orow = o + r * o_stride + 2 * (lane % 4);
-#pragma unroll
-        for (int f = 0; f < OF; ++f) {
-          *reinterpret_cast<uint32_t*>(orow + f * 8) =
-              Mma::pack(acc_o[f][2 * half] * inv[half], acc_o[f][2 * half + 1] * inv[half]);
-        }
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(q_addr + swizzled_offset(BM, r, c)));
+        *reinterpret_cast<uint4*>(o + r * o_stride + c * 8) = v;
       }
     }
-    return n_tiles;
-  }
-  {
-    // stmatrix .x4 of fragments f and f + 1, both row halves: lanes 8i .. 8i + 7 address tile
-    // i's rows (tile i: fragment f + i / 2, rows 8 (i % 2) onwards of the warp's 16).
-    const int tile = lane / 8;
-    const int srow = cw * 64 + warp_in_wg * 16 + (tile % 2) * 8 + lane % 8;
-#pragma unroll
-    for (int f = 0; f < OF; f += 2) {
-      const uint32_t r4[4] = {Mma::pack(acc_o[f][0] * inv[0], acc_o[f][1] * inv[0]),
-                              Mma::pack(acc_o[f][2] * inv[1], acc_o[f][3] * inv[1]),
-                              Mma::pack(acc_o[f + 1][0] * inv[0], acc_o[f + 1][1] * inv[0]),
-                              Mma::pack(acc_o[f + 1][2] * inv[1], acc_o[f + 1][3] * inv[1])};
-      stmatrix_x4(q_addr + swizzled_offset(BM, srow, f + tile / 2), r4);
+    if constexpr (kPersistent) {
+      mbar_arrive(q_empty);  // this consumer is done with the Q buffer (its O rows read back)
     }
-  }
-  named_barrier_sync(5 + cw, 128);  // this consumer's O rows are in shared memory
-  constexpr int CH = DV / 8;        // 16-byte chunks of an O row
-#pragma unroll 4
-  for (int k = 0; k < 64 * CH / 128; ++k) {
-    const int i = (tid % 128) + k * 128, r = cw * 64 + i / CH, c = i % CH;
-    if (r < rows) {
-      uint4 v;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(q_addr + swizzled_offset(BM, r, c)));
-      *reinterpret_cast<uint4*>(o + r * o_stride + c * 8) = v;
-    }
-  }
-  if constexpr (kPersistent) {
-    mbar_arrive(q_empty);  // this consumer is done with the Q buffer (its O rows read back)
   }
   return n_tiles;
 }
