@@ -203,9 +203,7 @@ def attention(
     # Sizing the workspaces makes the plan: a problem the library rejects raises here, at trace
     # time, with its message.
     _plan(q.shape, k.shape, v.shape, q.dtype, cu_q.shape[0] - 1, static)
-    if sink is None:
-        sink = jnp.zeros((0,), jnp.float32)  # a placeholder, unread without sinks
-    else:
+    if sink is not None:
         # Varying where q varies (inside shard_map): the cast's transpose sums the sinks'
         # per-device gradients over those axes.
         sink = _like(sink, q)
@@ -387,7 +385,18 @@ def _ffi_attributes(st: _Static) -> dict:
     )
 
 
+def _placeholder(x):
+    """x, or where it is None the empty operand the handlers leave unread (no sinks, no LSE
+    cotangent). Made here, inside each FFI call's function, rather than passed through the
+    custom_vjp: a zero-size residual of a shard_map's gradient crashed jaxlib 0.11.2's compiler
+    (Shardy's ManualComputationUnusedInputsPattern), where the ring strategy, which makes its
+    placeholders this way, compiled."""
+    return jnp.zeros((0,), jnp.float32) if x is None else x
+
+
 def _forward(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st: _Static):
+    """O and LSE through the library's forward; sink None: none."""
+    sink = _placeholder(sink)
     plan = _plan(q.shape, k.shape, v.shape, q.dtype, cu_q.shape[0] - 1, st)
     total_q, hq, _ = q.shape
     o_type = jax.ShapeDtypeStruct((total_q, hq, v.shape[2]), q.dtype)
@@ -400,7 +409,8 @@ def _forward(q, k, v, sink, cu_q, cu_kv, off_q, off_kv, st: _Static):
 
 def _backward(q, k, v, o, lse, d_o, sink, d_lse, cu_q, cu_kv, off_q, off_kv, st: _Static):
     """dq, dk, dv and d_sink (float32 [Hq]; empty without sinks). d_lse is read only where the
-    LSE is returned (st.lse_cotangent): else it is an empty placeholder."""
+    LSE is returned (st.lse_cotangent), and None otherwise; sink None: none."""
+    sink, d_lse = _placeholder(sink), _placeholder(d_lse)
     plan = _plan(q.shape, k.shape, v.shape, q.dtype, cu_q.shape[0] - 1, st)
     ws_type = jax.ShapeDtypeStruct((plan.workspace_size(_C.BACKWARD),), jnp.uint8)
     grad_types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
@@ -456,7 +466,7 @@ def _attention_bwd(st: _Static, residuals, cotangents):
     d_o, d_lse = cotangents
     # Without return_lse the LSE's cotangent is zero (attention() stops its gradient): the
     # library then gets none.
-    d_lse = d_lse.astype(jnp.float32) if st.lse_cotangent else jnp.zeros((0,), jnp.float32)
+    d_lse = d_lse.astype(jnp.float32) if st.lse_cotangent else None
     dq, dk, dv, d_sink = _backward(q, k, v, o, lse, d_o, sink, d_lse, cu_q, cu_kv, off_q, off_kv,
                                    st)
     d_sink = _like(d_sink, sink) if st.has_sink else None

@@ -357,7 +357,6 @@ class _Ring:
         rank = jax.lax.axis_index(self.axis_name)
         cu_q = jnp.asarray(layout.cu_q)[rank]
         g = g.astype(q.dtype)
-        none = jnp.zeros((0,), jnp.float32)  # the sink and LSE-cotangent placeholders
         dq = jnp.zeros(q.shape, jnp.float32)
         dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
         kv = (k, v)
@@ -368,7 +367,7 @@ class _Ring:
             cu_kv = jnp.asarray(step.cu_kv)[rank]
             dq_s, dk_s, dv_s, _ = _rj._backward(
                 q, jnp.take(kv[0], rows, axis=0), jnp.take(kv[1], rows, axis=0), out, lse, g,
-                none, none, cu_q, cu_kv, cu_q, cu_kv, self._step_static(q, step))
+                None, None, cu_q, cu_kv, cu_q, cu_kv, self._step_static(q, step))
             # Rows past the step's segments (the table's padding reads row 0) get zero gradients.
             dq = dq + _rj._like(dq_s, q).astype(jnp.float32)
             dk = dk.at[rows].add(_rj._like(dk_s, k).astype(jnp.float32))

@@ -175,6 +175,10 @@ RESIDUALS = textwrap.dedent(
     def saved_bytes(f):
         g = shard_map(f, mesh=mesh, in_specs=(P("cp"),) * 3, out_specs=P("cp"))
         res = saved_residuals(lambda q, k, v: jnp.sum(g(q, k, v)), q, kv, kv)
+        # No empty placeholder among them: a zero-size residual of a shard_map's gradient
+        # crashed jaxlib 0.11.2's compiler.
+        empty = [(a.shape, why) for a, why in res if int(np.prod(a.shape)) == 0]
+        assert not empty, empty
         return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in res)
 
     ring = saved_bytes(lambda q, k, v: ring_attention(q, k, v, layout, "cp"))
@@ -191,7 +195,7 @@ RESIDUALS = textwrap.dedent(
 def test_ring_keeps_only_its_shard_for_the_backward():
     """The ring's backward is its own: its residuals are this device's q, k, v, output and LSE,
     not every step's K/V chunks (which autodiff through the ring would keep: more than the
-    all-gather strategy's gathered K/V)."""
+    all-gather strategy's gathered K/V). Neither strategy keeps an empty placeholder."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     run = subprocess.run([sys.executable, "-c", RESIDUALS], capture_output=True, text=True,
                          timeout=300, env=env)
