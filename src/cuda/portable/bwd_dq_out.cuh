@@ -15,6 +15,28 @@
 namespace raggedattn {
 namespace portable {
 
+// Deterministic mode: the key tiles that add into a query tile take turns (MaskSpec::
+// key_tile_turn), so every run sums alike. Thread 0 waits for this CTA's turn on query tile
+// m_tile of head h (key tile `key_tile`), then the CTA; returns the tile's lock.
+template <int BM, int BN>
+__device__ __forceinline__ int32_t* wait_dq_turn(const gpu::BwdParams& p, int key_tile, int b,
+                                                 const Segment& seg, int h, int m_tile, int tid) {
+  const int expected = p.mask.key_tile_turn(key_tile, m_tile * BM, BN, seg.len_q, seg.len_kv);
+  int32_t* lock = gpu::dq_tile_lock<BM>(p, b, seg, h, m_tile);
+  if (tid == 0) {
+    while (atomicAdd(lock, 0) != expected) __nanosleep(64);
+    __threadfence();
+  }
+  __syncthreads();
+  return lock;
+}
+// The turn passes on once every thread's additions are performed.
+__device__ __forceinline__ void pass_dq_turn(int32_t* lock, int tid) {
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) atomicAdd(lock, 1);
+}
+
 // c[B0 + f] <- c[B0 + (f + r) mod B] over the block [B0, B0 + B) (B a power of two), by a shifter
 // of selects on r's bits: the staged dQ tile's registers in dq_stage_chunk's store order.
 template <int B0, int B, int N>

@@ -149,18 +149,8 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
       gpu::cp_async_commit();
     }
 
-    int32_t* lock = nullptr;
-    if (ordered) {
-      // The key tiles that add into this query tile take turns (MaskSpec::key_tile_turn), so
-      // every run sums alike.
-      const int expected = p.mask.key_tile_turn(tc.tile, m0, BN, seg.len_q, seg.len_kv);
-      lock = gpu::dq_tile_lock<BM>(p, b, seg, h, m_tile);
-      if (tid == 0) {
-        while (atomicAdd(lock, 0) != expected) __nanosleep(64);
-        __threadfence();
-      }
-      __syncthreads();
-    }
+    int32_t* const lock = ordered ? wait_dq_turn<BM, BN>(p, tc.tile, b, seg, h, m_tile, tid)
+                                  : nullptr;
     const int64_t dq_head = dq_seg0 + h * dq_head_stride;
     bool staged = false;
 #if __CUDA_ARCH__ >= 900
@@ -174,11 +164,7 @@ __global__ void __launch_bounds__(bwd_config(DQK, DV).warps * 32, 1)
     const int i0 = m0 + o.dq_row0 + lane / 4;  // the thread's first row
     const int64_t dq_first = dq_head + int64_t(i0) * DQK + o.dq_col0 + 2 * (lane % 4);
     if (!staged) add_dq<W>(p, ordered, dq_first, i0, seg.len_q, dq);
-    if (ordered) {
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) atomicAdd(lock, 1);
-    }
+    if (ordered) pass_dq_turn(lock, tid);
 
     // dK += dS^T Q over this step's queries.
     warp_gemm<T, W::KV_MF, W::DK_W / 8, BM, false, true>(acc_dk, sdST, L.s_pitch, o.kv_key0, sQ,
