@@ -22,7 +22,15 @@ using gpu::FwdParams;
 // issues its products only in its turn (barrier 2 + its index, completed by the other consumer's
 // arrival) and hands the turn over right after issuing, so one consumer's softmax runs while the
 // other's products occupy the tensor cores. Barrier ids are constants: a computed one makes ptxas
-// reserve all 16.
+// reserve all 16. In fwd_consume each consumer has n_tiles + 1 issue phases per item (S_0; S_i
+// with P_{i-1} V_{i-1}; the last P V), so the turns stay paired.
+//   Grid kernel: consumer 1 hands consumer 0 the first turn at the item's start and does not
+//     pass on its last turn (no barrier is left half-arrived when the CTA exits).
+//   Persistent kernel: consumer 1 passes on its last turn too, right after issuing its last
+//     P V, so consumer 0 may issue the next item's S_0 while consumer 1 still runs this item's
+//     epilogue (and its wait for the next item); that pass is the next item's first turn, the
+//     kernel gives consumer 0 the CTA's very first one and consumer 0 takes the last pass
+//     before it exits (fwd_persistent_kernel; kTurnAcrossItems).
 __device__ __forceinline__ void my_turn(int cw) {
   if (cw == 0) {
     named_barrier_sync(2, 256);
@@ -310,15 +318,7 @@ __device__ __forceinline__ int fwd_consume(const FwdParams& p, unsigned char* sm
   // Tile 0's scores and softmax; then per tile i >= 1: S_i and P_{i-1} V_{i-1} issued together,
   // the softmax of S_i while P_{i-1} V_{i-1} still runs on the tensor cores, then O rescaled and
   // P_i packed once it has landed. One score tile is live at a time.
-  // The ping-pong (my_turn, pass_turn): each consumer has n_tiles + 1 issue phases (S_0; S_i
-  // with P_{i-1} V_{i-1}; the last P V), so the turns stay paired.
-  //   Grid kernel: consumer 1 hands consumer 0 the first turn at the item's start and does not
-  //     pass on its last turn (no barrier is left half-arrived when the CTA exits).
-  //   Persistent kernel: consumer 1 passes on its last turn too, right after issuing its last
-  //     P V, so consumer 0 may issue the next item's S_0 while consumer 1 still runs this item's
-  //     epilogue (and its wait for the next item); that pass is the next item's first turn, the
-  //     kernel gives consumer 0 the CTA's very first one and consumer 0 takes the last pass
-  //     before it exits (fwd_persistent_kernel; kTurnAcrossItems).
+  // The turns as my_turn's comment has them (kTurnAcrossItems: the persistent kernel's).
   static_assert(C.consumers == 2, "the ping-pong pairs two consumers");
   constexpr bool kTurnAcrossItems = kPersistent;
   if (!kTurnAcrossItems && cw == 1) named_barrier_arrive(2, 256);  // consumer 0 goes first
