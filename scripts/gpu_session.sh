@@ -52,12 +52,12 @@ lens, causal = WORKLOADS['$1']
 print('--segments', ','.join(map(str, lens)), '--heads', f'{HQ}/{HKV}', '--dim', D, '--causal' if causal else '')"
 }
 
-step() {  # name timeout_s command...
+step() {  # name timeout_s command...  (STEP_SIGNAL=INT: interrupt at the limit, as for pytest)
   local name=$1 limit=$2
   shift 2
   echo "== $name: $*"
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+  timeout ${STEP_SIGNAL:+-s "$STEP_SIGNAL" -k 20} "$limit" "$@" >"$out/$name.txt" 2>&1
   local rc=$?
   echo "   rc=$rc in $((SECONDS - t0)) s; last lines:"
   tail -n 4 "$out/$name.txt" | sed 's/^/   /'
@@ -197,13 +197,15 @@ for s in $steps; do
       # job does (scripts/pytest_frameworks.py): the library's own C++ runtime meets theirs.
       # PYTEST_ARGS (say -k "cuda or gpu") narrows the run. Each test's name is printed before it
       # runs (-v), and a test still running after 60 s dumps every thread's stack (pytest's
-      # faulthandler_timeout), so a step that ends at its limit shows which test and where. Where
-      # pytest-xdist is installed the suite runs on 6 workers (each imports the frameworks first
-      # too: tests/python/conftest.py), the bad-input cases' children 3 at a time in each.
+      # faulthandler_timeout), so a step that ends at its limit shows which test and where; the
+      # limit interrupts pytest rather than killing it, so its failures and their tracebacks are
+      # still printed (under xdist they come only at the end). Where pytest-xdist is installed the
+      # suite runs on 6 workers (each imports the frameworks first too: tests/python/conftest.py),
+      # the bad-input cases' children 3 at a time in each.
       xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6")
-      step pytest 540 env -C /tmp RATTN_TEST_CHILDREN=3 python3 \
-        "$repo/scripts/pytest_frameworks.py" -v -rs $xdist -o faulthandler_timeout=60 \
-        ${PYTEST_ARGS:-} "$repo/tests/python" ;;
+      STEP_SIGNAL=INT step pytest 540 env -C /tmp RATTN_TEST_CHILDREN=3 python3 \
+        "$repo/scripts/pytest_frameworks.py" -v -rfEs --tb=short $xdist \
+        -o faulthandler_timeout=60 ${PYTEST_ARGS:-} "$repo/tests/python" ;;
     pip_full)
       # The other installation: pip builds the library (CUDA included) and the extension itself.
       step pip_install_full 480 python3 -m pip install --no-build-isolation --no-deps "$repo" \
