@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -112,12 +113,37 @@ class Fixture : public ::testing::Test {
   void ReplaysToTheSameBytes(const verify::CaseSpec& spec);
   void Poison(const DeviceTensor& d) { ASSERT_EQ(cudaMemset(d.ptr, 0xFF, d.bytes), cudaSuccess); }
 
+  // O, LSE, dQ, dK and dV: every output a forward and a backward write.
+  using OutputBytes = std::vector<unsigned char>[5];
+  // Forward and backward called directly on the default stream; their outputs downloaded.
+  void RunDirect(OutputBytes& direct) {
+    RATTN_OK(forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes));
+    RATTN_OK(backward(plan_, Bwd(), ws_.ptr, ws_.bytes));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int t = 0; t < 5; ++t) direct[t] = Download(*results_[t]);
+  }
+  // Every output poisoned, the memsets done: they run on the legacy default stream, which a
+  // non-blocking stream does not wait for, so they could otherwise land after a run's writes.
+  void PoisonOutputs() {
+    for (const DeviceTensor* t : results_) Poison(*t);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  // Every output the same bytes as the direct calls'; `when` names the run that wrote them.
+  void ExpectDirectBytes(const OutputBytes& direct, const std::string& when) {
+    for (int t = 0; t < 5; ++t) {
+      std::vector<unsigned char> got = Download(*results_[t]);
+      ASSERT_EQ(std::memcmp(got.data(), direct[t].data(), got.size()), 0)
+          << "output " << t << " (O, LSE, dQ, dK, dV) differs " << when;
+    }
+  }
+
   verify::PackLayout layout_;
   Plan plan_;
   verify::HostInputs inputs_;
   verify::HostOutputs outputs_;
   DeviceTensor q_, k_, v_, do_, o_, lse_, dq_, dk_, dv_, cu_q_, cu_kv_, off_q_, off_kv_, ws_,
       fwd_ws_;
+  const DeviceTensor* const results_[5] = {&o_, &lse_, &dq_, &dk_, &dv_};
 };
 
 Status cuda_status_of(cudaError_t e) {
@@ -192,14 +218,9 @@ TEST_F(Fixture, CallsFromAThreadWithoutAContextGiveTheSameBytes) {
   for (rattn_backend backend : cuda_paths()) {
     SCOPED_TRACE(verify::backend_str(backend));
     Prepare(pack_case(backend, true, RATTN_DQ_ACCUM_FP32));
-    RATTN_OK(forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes));
-    RATTN_OK(backward(plan_, Bwd(), ws_.ptr, ws_.bytes));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const DeviceTensor* outs[5] = {&o_, &lse_, &dq_, &dk_, &dv_};
-    std::vector<unsigned char> direct[5];
-    for (int t = 0; t < 5; ++t) direct[t] = Download(*outs[t]);
-    for (const DeviceTensor* t : outs) Poison(*t);
-    CUDA_OK(cudaDeviceSynchronize());
+    OutputBytes direct;
+    ASSERT_NO_FATAL_FAILURE(RunDirect(direct));
+    ASSERT_NO_FATAL_FAILURE(PoisonOutputs());
     // Each direction on a fresh thread, which makes no CUDA call before the library's.
     Status f, b;
     std::thread([&] { f = forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes); }).join();
@@ -209,22 +230,14 @@ TEST_F(Fixture, CallsFromAThreadWithoutAContextGiveTheSameBytes) {
       if (b.ok()) b = cuda_status_of(cudaDeviceSynchronize());
     }).join();
     ASSERT_TRUE(b.ok()) << b.message();
-    for (int t = 0; t < 5; ++t) {
-      std::vector<unsigned char> got = Download(*outs[t]);
-      ASSERT_EQ(std::memcmp(got.data(), direct[t].data(), got.size()), 0)
-          << "output " << t << " (O, LSE, dQ, dK, dV) differs when called from a fresh thread";
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectDirectBytes(direct, "when called from a fresh thread"));
   }
 }
 
 void Fixture::ReplaysToTheSameBytes(const verify::CaseSpec& spec) {
   Prepare(spec);
-  RATTN_OK(forward(plan_, Fwd(), fwd_ws_.ptr, fwd_ws_.bytes));
-  RATTN_OK(backward(plan_, Bwd(), ws_.ptr, ws_.bytes));
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const DeviceTensor* outs[5] = {&o_, &lse_, &dq_, &dk_, &dv_};
-  std::vector<unsigned char> direct[5];
-  for (int t = 0; t < 5; ++t) direct[t] = Download(*outs[t]);
+  OutputBytes direct;
+  ASSERT_NO_FATAL_FAILURE(RunDirect(direct));
 
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -238,17 +251,11 @@ void Fixture::ReplaysToTheSameBytes(const verify::CaseSpec& spec) {
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 3; ++replay) {
-    for (const DeviceTensor* t : outs) Poison(*t);
-    // The poison's memsets run on the legacy default stream, which `stream` (non-blocking) does
-    // not wait for: without this, they may land after the replay has written the outputs.
-    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(PoisonOutputs());  // synchronized: `stream` is non-blocking
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    for (int t = 0; t < 5; ++t) {
-      std::vector<unsigned char> got = Download(*outs[t]);
-      ASSERT_EQ(std::memcmp(got.data(), direct[t].data(), got.size()), 0)
-          << "output " << t << " (O, LSE, dQ, dK, dV) differs after graph replay " << replay;
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectDirectBytes(direct, "after graph replay " + std::to_string(replay)));
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
