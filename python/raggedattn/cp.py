@@ -1,4 +1,5 @@
-"""Context-parallel attention over a torch.distributed group (the all-gather strategy).
+"""Context-parallel attention over a torch.distributed group: the all-gather strategy
+(`attention`) and the ring strategy (`ring_attention`).
 
 Each rank holds the zigzag shard of every document (raggedattn.cp_shard) of its Q, K and V. K and
 V are gathered once (with GQA they are a fraction of Q's bytes), put back in document order, and
@@ -13,8 +14,14 @@ reduce-scatter).
     idx = torch.from_numpy(plan.rank_index(rank))                       # shard q, k, v, labels
     out = raggedattn.cp.attention(q[idx], k[idx], v[idx], plan, rank, group, causal=True)
 
-Masks: causal (with a left window too) and none. A window with a right side on a mask that is not
-causal raises NotImplementedError: its pieces would need windows of their own.
+Masks: `attention` takes causal (with a left window too) and none; a window with a right side on
+a mask that is not causal raises NotImplementedError (its pieces would need windows of their own).
+`ring_attention` takes causal and none, without a window (its docstring says why).
+
+CUDA graphs: the first call of a plan on a device makes its index tensors there (`_on`,
+`_ring_steps`: a copy from the host, once); later calls neither copy from the host nor wait for
+the device, so forward and backward can be captured after warm-up calls on a side stream, as
+torch.cuda.graph asks. The collectives are NCCL's; over a ring of one nothing is sent.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import torch.distributed.nn.functional as dist_fn
 from torch import Tensor
 
 from . import torch as _rt
-from .cp_shard import ShardPlan, row_ranges, window_left
+from .cp_shard import ShardPlan, chunk_pair_mask, refuse_ring_window, row_ranges, window_left
 
 __all__ = ["attention", "ring_attention"]
 
@@ -165,18 +172,20 @@ def _exchange(tensors, sizes_from, plan: ShardPlan, rank: int, group):
     return received, dist.batch_isend_irecv(ops)
 
 
-def _ring_steps(plan: ShardPlan, rank: int, device):
+def _ring_steps(plan: ShardPlan, rank: int, causal: bool, device):
     """Per ring step s (the keys of rank src = rank - s): the pairs of this rank's query chunk
     kind and src's key chunk kind that see each other, each with its mask and its rows and
-    segments as tensors on `device` (made once per plan).
+    segments as tensors on `device` (made once per plan and mask).
 
-    Kinds: 0 = chunk r (the rank's first of each document), 1 = chunk 2·cp − 1 − r. Query chunk i
-    sees key chunk j entirely where j < i (no mask), on the diagonal where j == i (causal; the
-    chunks have equal lengths there), not at all where j > i."""
-    return plan.derived(("ring", rank, str(device)), lambda: _make_ring_steps(plan, rank, device))
+    Kinds: 0 = chunk r (the rank's first of each document), 1 = chunk 2·cp − 1 − r. Which pairs
+    run, and how, is cp_shard.chunk_pair_mask's: without a causal mask all four pairs at every
+    step, unmasked; under one, query chunk i sees key chunk j entirely where j < i (no mask), on
+    the diagonal where j == i (causal; the same chunk, at step 0), not at all where j > i."""
+    return plan.derived(("ring", rank, causal, str(device)),
+                        lambda: _make_ring_steps(plan, rank, causal, device))
 
 
-def _make_ring_steps(plan: ShardPlan, rank: int, device):
+def _make_ring_steps(plan: ShardPlan, rank: int, causal: bool, device):
     cp = plan.cp
 
     def kind_rows(r):
@@ -195,12 +204,13 @@ def _make_ring_steps(plan: ShardPlan, rank: int, device):
         src = (rank - s) % cp
         theirs = kind_rows(src)
         pairs = []
-        for qk, i in ((0, rank), (1, 2 * cp - 1 - rank)):
-            for kk, j in ((0, src), (1, 2 * cp - 1 - src)):
-                if j > i:
+        for qk, i in enumerate(plan.rank_chunks(rank)):
+            for kk, j in enumerate(plan.rank_chunks(src)):
+                mask = chunk_pair_mask(i, j, causal)
+                if mask is None:
                     continue
                 (q_rows, q_len), (k_rows, k_len) = mine[qk], theirs[kk]
-                pairs.append(dict(causal=(j == i), q_rows=_t(q_rows, device),
+                pairs.append(dict(causal=(mask == "causal"), q_rows=_t(q_rows, device),
                                   k_rows=_t(k_rows, device),
                                   cu_q=_t(np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32),
                                           device),
@@ -218,8 +228,9 @@ def _t(a, device):
 
 class _Ring(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sink, plan, rank, group, scale, softcap, dq_bf16, deterministic):
-        steps = _ring_steps(plan, rank, q.device)
+    def forward(ctx, q, k, v, sink, plan, rank, group, causal, scale, softcap, dq_bf16,
+                deterministic):
+        steps = _ring_steps(plan, rank, causal, q.device)
         sizes = _rank_sizes(plan)
         out = torch.zeros(q.shape[:2] + (v.shape[2],), dtype=torch.float32, device=q.device)
         lse = torch.full((q.shape[1], q.shape[0]), -float("inf"), device=q.device)
@@ -288,7 +299,7 @@ class _Ring(torch.autograd.Function):
                     r.wait()
                 dkv = tuple(received)
         d_sink = None if sink is None else _sink_grad(d_out, out, lse, sink)
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), d_sink) + (None,) * 7
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), d_sink) + (None,) * 8
 
 
 def _merge_sink(out, lse, sink):
@@ -309,16 +320,29 @@ def _sink_grad(d_out, out, lse, sink):
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, plan: ShardPlan, rank: int,
-                   group: Optional[dist.ProcessGroup] = None, *,
-                   softmax_scale: Optional[float] = None, softcap: float = 0.0,
-                   dq_accum: str = "fp32", deterministic: bool = False,
+                   group: Optional[dist.ProcessGroup] = None, *, causal: bool = True,
+                   window: Tuple[int, int] = (-1, -1), softmax_scale: Optional[float] = None,
+                   softcap: float = 0.0, dq_accum: str = "fp32", deterministic: bool = False,
                    sink: Optional[Tensor] = None) -> Tensor:
-    """The ring strategy, causal: K/V chunks travel around the group, each step's attention
-    runs while the next step's chunks are in flight, partial outputs merge with their LSEs in
-    fp32; the backward sends dK/dV around with the chunks and uses the merged O and LSE, so each
-    step's gradients are exact. Sinks join the merge once, after the last step (their gradient is
-    this rank's share, as in `attention`). Same arguments and result as
-    `attention(..., causal=True)`."""
+    """The ring strategy: K/V chunks travel around the group, each step's attention runs while
+    the next step's chunks are in flight, partial outputs merge with their LSEs in fp32; the
+    backward sends dK/dV around with the chunks and uses the merged O and LSE, so each step's
+    gradients are exact. Sinks join the merge once, after the last step (their gradient is this
+    rank's share, as in `attention`). Same arguments and result as
+    `attention(..., causal=causal)`.
+
+    causal: True (the default), each query chunk runs against the chunks at or before it, the
+    diagonal masked; False, every query chunk against every key chunk of its document at every
+    step, unmasked.
+
+    window: (-1, -1) only; anything else raises NotImplementedError. With a window a query chunk
+    sees only the chunks near it, so the ring would carry every K/V chunk to every rank for
+    nothing, and each off-diagonal pair's band sits at an offset that differs per document, which
+    the library's one window per call cannot express. Sliding windows use the all-gather strategy
+    (`attention(..., window=...)`); TransformerEngine's context parallelism likewise serves them
+    with all-gather, not its p2p ring."""
+    refuse_ring_window("raggedattn.cp.ring_attention", window,
+                       "raggedattn.cp.attention(..., window=...)")
     local = len(plan.rank_index(rank))
     if q.shape[0] != local or k.shape[0] != local or v.shape[0] != local:
         raise ValueError(
@@ -327,5 +351,5 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, plan: ShardPlan, rank: int,
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     if sink is not None:
         _rt._sink_input(sink, q)  # the same checks as attention()'s
-    return _Ring.apply(q, k, v, sink, plan, rank, group, scale, float(softcap), dq_accum == "bf16",
-                       bool(deterministic))
+    return _Ring.apply(q, k, v, sink, plan, rank, group, bool(causal), scale, float(softcap),
+                       dq_accum == "bf16", bool(deterministic))

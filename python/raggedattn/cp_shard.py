@@ -13,11 +13,12 @@ positions) with `ShardPlan.rank_index`, and the attention (raggedattn.cp) reads 
 from __future__ import annotations
 
 import dataclasses
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
-__all__ = ["ShardPlan", "zigzag_shard", "window_left", "row_ranges"]
+__all__ = ["ShardPlan", "zigzag_shard", "window_left", "row_ranges", "chunk_pair_mask",
+           "refuse_ring_window"]
 
 
 def row_ranges(starts, ends) -> np.ndarray:
@@ -140,3 +141,26 @@ def window_left(where: str, causal: bool, window) -> int:
             "causal masks (with a left window) and unmasked attention")
     return left
 
+
+
+def chunk_pair_mask(i: int, j: int, causal: bool) -> Optional[str]:
+    """How query chunk i of a document sees key chunk j of the same document, for the ring
+    strategies (raggedattn.cp, raggedattn.jax_cp), which run chunk against chunk: "full" (every
+    query sees every key), "causal" (the diagonal, j == i: the same chunk, so a causal mask of
+    either alignment) or None (not at all). Without a causal mask every pair is "full"; under one,
+    an earlier key chunk is "full" and a later one is not seen."""
+    if not causal:
+        return "full"
+    if j > i:
+        return None
+    return "causal" if j == i else "full"
+
+
+def refuse_ring_window(where: str, window, all_gather: str) -> None:
+    """Raises NotImplementedError for a ring strategy given a sliding window (anything but
+    (-1, -1)); `all_gather` names the call that takes windows."""
+    given = tuple(int(x) for x in window)
+    if given != (-1, -1):
+        raise NotImplementedError(
+            f"{where}: window={given}; the ring strategy supports causal and full masks "
+            f"(window=(-1, -1)); sliding windows use the all-gather strategy, {all_gather}")

@@ -1,5 +1,5 @@
 """Context-parallel attention in JAX over a mesh axis, inside shard_map: the all-gather strategy
-(`attention`) and the ring strategy (`ring_attention`, causal).
+(`attention`) and the ring strategy (`ring_attention`, causal or full masks).
 
 The same scheme as raggedattn.cp for PyTorch: every document in 2·cp zigzag chunks
 (raggedattn.cp_shard), K and V gathered over the axis once, each of a device's query chunks
@@ -35,7 +35,7 @@ import numpy as np
 
 from . import jax as _rj
 from ._options import make_options
-from .cp_shard import ShardPlan, row_ranges, window_left
+from .cp_shard import ShardPlan, chunk_pair_mask, refuse_ring_window, row_ranges, window_left
 
 __all__ = ["ShardLayout", "RingStep", "attention", "ring_attention"]
 
@@ -131,22 +131,25 @@ class ShardLayout:
         """The longest query piece of any device (at least 1)."""
         return max(1, int(np.diff(self.cu_q, axis=1).max(initial=0)))
 
-    def ring_steps(self) -> Tuple["RingStep", ...]:
-        """The ring strategy's steps, made once per plan (see RingStep)."""
-        return self.plan.derived(("jax ring", self.rows), self._make_ring_steps)
+    def ring_steps(self, causal: bool = True) -> Tuple["RingStep", ...]:
+        """The ring strategy's steps under a causal mask or none, made once per plan (see
+        RingStep)."""
+        return self.plan.derived(("jax ring", self.rows, causal),
+                                 lambda: self._make_ring_steps(causal))
 
-    def _make_ring_steps(self) -> Tuple["RingStep", ...]:
-        # At step s device r holds the keys of src = r - s (mod cp). Query chunk i sees key chunk
-        # j entirely where j < i, on the diagonal (j == i: the same chunk, step 0 only) causally,
-        # not at all where j > i, as in raggedattn.cp._make_ring_steps. A query piece's key
-        # segment is the src chunks it sees, of its document, in chunk order: the diagonal comes
-        # last, so one causal call with the bottom-right alignment puts every query of step 0 on
-        # its diagonal and sees the earlier chunk whole; later steps have no diagonal and are
-        # unmasked.
+    def _make_ring_steps(self, causal: bool) -> Tuple["RingStep", ...]:
+        # At step s device r holds the keys of src = r - s (mod cp). Which of src's chunks a query
+        # chunk sees, and how, is cp_shard.chunk_pair_mask's (as in raggedattn.cp's ring). A query
+        # piece's key segment is the src chunks it sees, of its document, in chunk order. Without
+        # a causal mask that is both chunks at every step, and every call is unmasked. Under one,
+        # the diagonal (the same chunk, step 0 only) comes last, so one causal call with the
+        # bottom-right alignment puts every query of step 0 on its diagonal and sees the earlier
+        # chunk whole; later steps have no diagonal and are unmasked.
         plan, cp = self.plan, self.plan.cp
         steps = []
         for s in range(cp):
             per_rank, cu_kv, longest_kv = [], [], 1
+            diagonal = set()  # per query piece: whether its segment ends with a causal pair
             for r in range(cp):
                 src = (r - s) % cp
                 src_cu = self.cu_q[src].astype(np.int64)  # src's local piece boundaries
@@ -154,12 +157,15 @@ class ShardLayout:
                 for piece in range(2 * plan.num_docs):
                     doc, kind = divmod(piece, 2)
                     i = plan.rank_chunks(r)[kind]
+                    masks = [chunk_pair_mask(i, j, causal) for j in plan.rank_chunks(src)]
+                    seen = [m for m in masks if m is not None]
                     # src's chunks in chunk order (kind 0 < kind 1): those seen are a prefix,
-                    # and src's pieces of one document are adjacent rows, so they are a range.
-                    seen = [kk for kk, j in enumerate(plan.rank_chunks(src)) if j <= i]
-                    assert (i in plan.rank_chunks(src)) == (s == 0)  # the diagonal: step 0
+                    # and src's pieces of one document are adjacent rows, so they are a range;
+                    # a causal pair can only be the segment's last.
+                    assert masks[:len(seen)] == seen and "causal" not in seen[:-1]
+                    diagonal.add(bool(seen) and seen[-1] == "causal")
                     lo = src_cu[2 * doc] if seen else 0
-                    hi = src_cu[2 * doc + seen[-1] + 1] if seen else 0
+                    hi = src_cu[2 * doc + len(seen)] if seen else 0
                     starts.append(lo)
                     ends.append(hi)
                 starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
@@ -171,7 +177,10 @@ class ShardLayout:
             table = np.zeros((cp, width), dtype=np.int32)  # padding: row 0, outside every segment
             for r, x in enumerate(per_rank):
                 table[r, :len(x)] = x
-            steps.append(RingStep(causal=(s == 0), key_rows=table,
+            # One call per step, so one mask for every piece of it: the step is causal where each
+            # piece's segment ends on its diagonal, unmasked where none does.
+            assert len(diagonal) == 1, f"step {s}: pieces with and without a diagonal"
+            steps.append(RingStep(causal=diagonal.pop(), key_rows=table,
                                   cu_kv=np.stack(cu_kv).astype(np.int32), longest_kv=longest_kv))
         return tuple(steps)
 
@@ -181,10 +190,11 @@ class RingStep:
     """One step of the ring strategy: every device's query pieces (its local rows, segments
     ShardLayout.cu_q) against the key chunks it holds at that step (those of device r - s).
 
-    causal: the step's mask (step 0, where each query piece meets its own chunk; later steps
-    unmasked); key_rows: int32 [cp, K], per device the rows of the held K/V shard each query
-    piece reads, piece after piece (padded with row 0); cu_kv: int32 [cp, 2B + 1], their
-    segments; longest_kv: the longest key segment of any device."""
+    causal: the step's mask (under a causal mask step 0, where each query piece meets its own
+    chunk; later steps, and every step without a causal mask, unmasked); key_rows: int32 [cp, K],
+    per device the rows of the held K/V shard each query piece reads, piece after piece (padded
+    with row 0); cu_kv: int32 [cp, 2B + 1], their segments; longest_kv: the longest key segment of
+    any device."""
 
     causal: bool
     key_rows: np.ndarray
@@ -254,11 +264,22 @@ def _take_rows_bwd(readers, g):
 _take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 
 
-def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, softmax_scale=None,
-                   softcap: float = 0.0, dq_accum: str = "fp32", sink=None):
-    """The ring strategy, causal only (as raggedattn.cp.ring_attention): inside shard_map over
-    `axis_name`, this device's rows of q, k, v ([rows, H, D], the layout's padded shard) -> its
-    rows of the output, the same as `attention(..., causal=True)`.
+def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool = True,
+                   window: Tuple[int, int] = (-1, -1), softmax_scale=None, softcap: float = 0.0,
+                   dq_accum: str = "fp32", sink=None):
+    """The ring strategy (as raggedattn.cp.ring_attention): inside shard_map over `axis_name`,
+    this device's rows of q, k, v ([rows, H, D], the layout's padded shard) -> its rows of the
+    output, the same as `attention(..., causal=causal)`.
+
+    causal: True (the default), each query piece runs against the chunks at or before its own,
+    its diagonal masked; False, against both chunks of its document at every step, unmasked.
+
+    window: (-1, -1) only; anything else raises NotImplementedError. With a window a query chunk
+    sees only the chunks near it, so the ring would carry every K/V chunk to every device for
+    nothing, and each off-diagonal pair's band sits at an offset that differs per document, which
+    the library's one window per call cannot express. Sliding windows use the all-gather strategy
+    (`attention(..., window=...)`); TransformerEngine's context parallelism likewise serves them
+    with all-gather, not its p2p ring.
 
     K and V travel around the axis with ppermute, one hop per step (cp steps; the next step's
     chunks can travel while this step computes); each step runs this device's query pieces on
@@ -270,6 +291,8 @@ def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, softmax_scal
 
     sink: learnable attention sinks [Hq] (replicated over the axis), joining the merged softmax
     once after the last step; their gradient is summed over the axis."""
+    refuse_ring_window("raggedattn.jax_cp.ring_attention", window,
+                       "raggedattn.jax_cp.attention(..., window=...)")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 3 or x.shape[0] != layout.rows:
             raise ValueError(
@@ -281,7 +304,7 @@ def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, softmax_scal
         raise ValueError(
             f"raggedattn.jax_cp.ring_attention: the layout is for cp={cp} devices but mesh axis "
             f"{axis_name!r} has {int(axis_size)}")
-    ring = _Ring(layout, axis_name, softmax_scale, float(softcap), dq_accum)
+    ring = _Ring(layout, axis_name, bool(causal), softmax_scale, float(softcap), dq_accum)
     if sink is None:
         return ring.attention_without_sink(q, k, v)
     # attention()'s checks (float, [Hq]); varying where q varies, so that the cast's transpose
@@ -294,9 +317,9 @@ class _Ring:
     """The ring's forward and backward passes for one layout and set of options; its two entry
     points are custom_vjp functions (with and without sinks)."""
 
-    def __init__(self, layout: ShardLayout, axis_name: str, softmax_scale, softcap: float,
-                 dq_accum: str):
-        self.layout, self.axis_name = layout, axis_name
+    def __init__(self, layout: ShardLayout, axis_name: str, causal: bool, softmax_scale,
+                 softcap: float, dq_accum: str):
+        self.layout, self.axis_name, self.causal = layout, axis_name, causal
         self.softmax_scale, self.softcap, self.dq_accum = softmax_scale, softcap, dq_accum
         self.to_next = [(r, (r + 1) % layout.plan.cp) for r in range(layout.plan.cp)]
         self.attention_without_sink = jax.custom_vjp(lambda q, k, v: self._forward(q, k, v)[0])
@@ -321,7 +344,7 @@ class _Ring:
         cu_q = jnp.asarray(layout.cu_q)[rank]
         out = lse = None
         kv = (k, v)
-        for s, step in enumerate(layout.ring_steps()):
+        for s, step in enumerate(layout.ring_steps(self.causal)):
             # Sent before this step's attention, which does not depend on it: the hop can
             # overlap.
             following = tuple(jax.lax.ppermute(x, self.axis_name, self.to_next) for x in kv) \
@@ -360,7 +383,7 @@ class _Ring:
         dq = jnp.zeros(q.shape, jnp.float32)
         dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
         kv = (k, v)
-        for s, step in enumerate(layout.ring_steps()):
+        for s, step in enumerate(layout.ring_steps(self.causal)):
             following = tuple(jax.lax.ppermute(x, self.axis_name, self.to_next) for x in kv) \
                 if s + 1 < layout.plan.cp else None
             rows = jnp.asarray(step.key_rows)[rank]

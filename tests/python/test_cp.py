@@ -1,6 +1,8 @@
-"""Context parallelism: the zigzag sharding (plain NumPy, everywhere), and the all-gather
-attention over a torch.distributed group of 2 and 4 CPU processes (gloo) against the whole batch
-in one process, output and gradients row by row (where torch is installed)."""
+"""Context parallelism: the zigzag sharding (plain NumPy, everywhere); the all-gather and ring
+attention over torch.distributed groups of 1, 2 and 4 CPU processes (gloo) against the whole batch
+in one process, output and gradients row by row, for every mask each strategy takes (where torch
+is installed), and the ring's refusal of windows; on a GPU with NCCL, both strategies over an NCCL
+group of one in bf16 against the whole batch, and captured in a CUDA graph against eager runs."""
 
 from __future__ import annotations
 
@@ -60,6 +62,9 @@ def test_bad_arguments():
 
 # --- the attention over a process group ----------------------------------------------------------
 
+# The masks by name: (causal, window).
+MASKS = {"causal": (True, (-1, -1)), "causal_window": (True, (24, 0)), "none": (False, (-1, -1))}
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -67,8 +72,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, lengths, causal, window, seed, deterministic=False,
-            strategy="all_gather", with_sink=False):
+def _worker(rank, world, port, lengths, masks, seed, deterministic=False, strategy="all_gather",
+            with_sink=False):
+    """Each mask of `masks` (MASKS' names) on this rank's shard across a gloo group of `world`,
+    against the whole batch in this process: output and gradients row by row. The masks share one
+    group, since every spawn costs seconds."""
     import torch
     import torch.distributed as dist
 
@@ -84,91 +92,252 @@ def _worker(rank, world, port, lengths, causal, window, seed, deterministic=Fals
         q, k, v = (torch.randn(total, h, d, generator=g) for h in (hq, hkv, hkv))
         grad = torch.randn(total, hq, d, generator=g)
         sink = torch.rand(hq, generator=g) * 4 - 1 if with_sink else None
-        # The whole batch in one process: the reference.
-        full = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        if with_sink:
-            full.append(sink.clone().requires_grad_(True))
-        mx = max(lengths)
-        ref = rt.attention(*full[:3], cu, cu, mx, mx, causal=causal, window=window,
-                           sink=full[3] if with_sink else None)
-        ref_grads = torch.autograd.grad(ref, full, grad)
-        # This rank's shard across the group.
         plan = zigzag_shard(cu.numpy(), world)
         idx = torch.from_numpy(plan.rank_index(rank))
-        mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
-        if with_sink:
-            mine.append(sink.clone().requires_grad_(True))
-        options = dict(causal=causal, window=window, deterministic=deterministic,
-                       sink=mine[3] if with_sink else None)
-        if strategy == "ring":
-            out = rcp.ring_attention(*mine[:3], plan, rank, deterministic=deterministic,
-                                     sink=mine[3] if with_sink else None)
-        else:
-            out = rcp.attention(*mine[:3], plan, rank, **options)
-        grads = torch.autograd.grad(out, mine, grad[idx])
-        if deterministic:  # a second run: bitwise the same gradients
-            again = rcp.attention(*mine[:3], plan, rank, **options)
-            for a, b in zip(grads, torch.autograd.grad(again, mine, grad[idx])):
-                assert torch.equal(a, b)
-        torch.testing.assert_close(out, ref[idx], atol=2e-5, rtol=2e-5)
-        for name, got, want in zip("qkv", grads, ref_grads):
-            torch.testing.assert_close(got, want[idx], atol=5e-5, rtol=5e-5, msg=f"d{name}")
-        if with_sink:  # each rank's share of the sinks' gradient; the group's sum is the whole
-            d_sink = grads[3].clone()
-            dist.all_reduce(d_sink, group=None)
-            torch.testing.assert_close(d_sink, ref_grads[3], atol=5e-5, rtol=5e-5, msg="d_sink")
+        attention = rcp.ring_attention if strategy == "ring" else rcp.attention
+        for mask in masks:
+            causal, window = MASKS[mask]
+            what = f"{strategy} {mask}"
+            # The whole batch in one process: the reference.
+            full = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            if with_sink:
+                full.append(sink.clone().requires_grad_(True))
+            mx = max(lengths)
+            ref = rt.attention(*full[:3], cu, cu, mx, mx, causal=causal, window=window,
+                               sink=full[3] if with_sink else None)
+            ref_grads = torch.autograd.grad(ref, full, grad)
+            # This rank's shard across the group.
+            mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
+            if with_sink:
+                mine.append(sink.clone().requires_grad_(True))
+            options = dict(causal=causal, window=window, deterministic=deterministic,
+                           sink=mine[3] if with_sink else None)
+            out = attention(*mine[:3], plan, rank, **options)
+            grads = torch.autograd.grad(out, mine, grad[idx])
+            if deterministic:  # a second run: bitwise the same gradients
+                again = attention(*mine[:3], plan, rank, **options)
+                for a, b in zip(grads, torch.autograd.grad(again, mine, grad[idx])):
+                    assert torch.equal(a, b), what
+            _assert_close(f"{what} out", out, ref[idx], 2e-5)
+            for name, got, want in zip("qkv", grads, ref_grads):
+                _assert_close(f"{what} d{name}", got, want[idx], 5e-5)
+            if with_sink:  # each rank's share of the sinks' gradient; the group's sum is the whole
+                d_sink = grads[3].clone()
+                dist.all_reduce(d_sink, group=None)
+                _assert_close(f"{what} d_sink", d_sink, ref_grads[3], 5e-5)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-@pytest.mark.parametrize("mask", ["causal", "causal_window", "none"])
-def test_all_gather_attention_matches_one_process(world, mask):
-    torch = pytest.importorskip("torch")
+def _assert_close(what, got, want, tol):
+    import torch
+
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol, msg=lambda m: f"{what}: {m}")
+
+
+def _spawn(world, lengths, masks, seed, deterministic=False, strategy="all_gather",
+           with_sink=False):
+    """_worker on `world` CPU processes (the library's CPU backend, gloo)."""
+    pytest.importorskip("torch")
     pytest.importorskip("raggedattn.torch")
     import torch.multiprocessing as mp
 
-    causal = mask != "none"
-    window = (24, 0) if mask == "causal_window" else (-1, -1)
-    lengths = [70, 1, 0, 33, 128]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(world, _free_port(), lengths, causal, window, 11), nprocs=world,
-             join=True)
+    mp.spawn(_worker, args=(world, _free_port(), lengths, tuple(masks), seed, deterministic,
+                            strategy, with_sink), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_all_gather_attention_matches_one_process(world):
+    _spawn(world, [70, 1, 0, 33, 128], ["causal", "causal_window", "none"], 11)
 
 
 def test_deterministic_attention_matches_and_repeats():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("raggedattn.torch")
-    import torch.multiprocessing as mp
-
-    mp.spawn(_worker, args=(2, _free_port(), [70, 1, 0, 33, 128], True, (-1, -1), 12, True),
-             nprocs=2, join=True)
+    _spawn(2, [70, 1, 0, 33, 128], ["causal"], 12, deterministic=True)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_all_gather_attention_with_sinks(deterministic):
-    pytest.importorskip("torch")
-    pytest.importorskip("raggedattn.torch")
-    import torch.multiprocessing as mp
-
-    mp.spawn(_worker, args=(2, _free_port(), [70, 1, 0, 33, 128], True, (-1, -1), 14,
-                            deterministic, "all_gather", True), nprocs=2, join=True)
+    _spawn(2, [70, 1, 0, 33, 128], ["causal"], 14, deterministic, "all_gather", with_sink=True)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_ring_attention_matches_one_process(world):
-    pytest.importorskip("torch")
-    pytest.importorskip("raggedattn.torch")
-    import torch.multiprocessing as mp
-
-    mp.spawn(_worker, args=(world, _free_port(), [70, 1, 0, 33, 128, 5], True, (-1, -1), 13,
-                            False, "ring"), nprocs=world, join=True)
+    """Causal and full masks; the lengths hold a zero-length and a length-1 document, and one
+    shorter than 2·cp (empty chunks on the ring)."""
+    _spawn(world, [70, 1, 0, 33, 128, 5], ["causal", "none"], 13, strategy="ring")
 
 
 def test_ring_attention_with_sinks():
-    pytest.importorskip("torch")
+    _spawn(2, [70, 1, 0, 33, 128, 5], ["causal", "none"], 15, strategy="ring", with_sink=True)
+
+
+def test_ring_attention_refuses_windows():
+    """A window on the ring raises before anything reaches the group (so there is none here),
+    saying what was given, what the ring supports and which strategy takes windows."""
+    torch = pytest.importorskip("torch")
     pytest.importorskip("raggedattn.torch")
+    import raggedattn.cp as rcp
+
+    plan = zigzag_shard([0, 40, 41], 2)
+    rows = len(plan.rank_index(1))
+    q, kv = torch.zeros(rows, 4, 64), torch.zeros(rows, 2, 64)
+    for causal, window in ((True, (24, 0)), (False, (8, 8))):
+        with pytest.raises(NotImplementedError) as error:
+            rcp.ring_attention(q, kv, kv, plan, 1, causal=causal, window=window)
+        message = str(error.value)
+        assert message.startswith(f"raggedattn.cp.ring_attention: window={window};"), message
+        assert "supports causal and full masks" in message, message
+        assert "all-gather strategy, raggedattn.cp.attention(..., window=...)" in message, message
+
+
+# --- on a GPU: an NCCL group of one, bf16 ---------------------------------------------------------
+
+GPU_LENGTHS = [700, 1, 0, 257, 64, 7]  # zero-length and length-1 documents: empty chunks
+# test_torch.py's floors for bfloat16 on CUDA (GPU_TOL): the output, the gradients.
+GPU_BF16_TOL = {"out": 1e-2, "dq": 2e-2, "dk": 2e-2, "dv": 2e-2, "d_sink": 2e-2}
+
+
+def _require_nccl_gpu():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("raggedattn.torch")
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if not (dist.is_available() and dist.is_nccl_available()):
+        pytest.skip("this PyTorch has no NCCL")
+
+
+def _spawn_gpu(worker, *args):
+    """worker(0, port, *args) in a process of its own: a failure there cannot leave this pytest
+    process's CUDA context or NCCL state broken."""
+    _require_nccl_gpu()
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(2, _free_port(), [70, 1, 0, 33, 128, 5], True, (-1, -1), 15,
-                            False, "ring", True), nprocs=2, join=True)
+    mp.spawn(worker, args=(_free_port(),) + args, nprocs=1, join=True)
+
+
+def _nccl_group_of_one(port):
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return torch.device("cuda", 0)
+
+
+def _relative_error(got, want) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _gpu_worker(rank, port, strategy, mask):
+    """One strategy and mask over an NCCL group of one against raggedattn.torch.attention on the
+    whole batch: output and gradients, each within bf16's error."""
+    import torch
+    import torch.distributed as dist
+
+    import raggedattn.cp as rcp
+    import raggedattn.torch as rt
+
+    device = _nccl_group_of_one(port)
+    try:
+        g = torch.Generator(device=device).manual_seed(21)
+        cu_np = np.concatenate([[0], np.cumsum(GPU_LENGTHS)]).astype(np.int32)
+        cu = torch.from_numpy(cu_np).to(device)
+        total, mx = int(cu_np[-1]), max(GPU_LENGTHS)
+        q, k, v, grad = (torch.randn(total, h, 128, generator=g, device=device,
+                                     dtype=torch.bfloat16) for h in (8, 2, 2, 8))
+        causal, window = MASKS[mask]
+        whole = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref = rt.attention(*whole, cu, cu, mx, mx, causal=causal, window=window)
+        ref_grads = torch.autograd.grad(ref, whole, grad)
+        plan = zigzag_shard(cu_np, 1)
+        idx = torch.from_numpy(plan.rank_index(0)).to(device)
+        mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
+        attention = rcp.ring_attention if strategy == "ring" else rcp.attention
+        out = attention(*mine, plan, 0, causal=causal, window=window)
+        grads = torch.autograd.grad(out, mine, grad[idx])
+        for name, got, want in zip(("out", "dq", "dk", "dv"), (out,) + grads, (ref,) + ref_grads):
+            assert got.dtype == torch.bfloat16 and bool(torch.isfinite(got).all()), name
+            err = _relative_error(got, want[idx])
+            assert err <= GPU_BF16_TOL[name], (
+                f"{strategy} {mask} {name}: relative error {err:.3g} > {GPU_BF16_TOL[name]}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy, mask", [("all_gather", "causal"),
+                                            ("all_gather", "causal_window"), ("ring", "causal"),
+                                            ("ring", "none")])
+def test_gpu_nccl_group_of_one_matches_whole_batch(strategy, mask):
+    _spawn_gpu(_gpu_worker, strategy, mask)
+
+
+def _graph_worker(rank, port, strategy, mask, with_sink):
+    """Forward and backward of one strategy captured in a CUDA graph, replayed on fresh inputs
+    copied into the static ones: bitwise an eager run's on the same inputs (deterministic=True)."""
+    import torch
+    import torch.distributed as dist
+
+    import raggedattn.cp as rcp
+
+    device = _nccl_group_of_one(port)
+    try:
+        torch.manual_seed(22)
+        plan = zigzag_shard(np.concatenate([[0], np.cumsum(GPU_LENGTHS)]), 1)
+        rows = len(plan.rank_index(0))
+
+        def random_sink():
+            return torch.rand(8, device=device) * 4 - 1
+
+        q, k, v = (torch.randn(rows, h, 128, device=device, dtype=torch.bfloat16)
+                   .requires_grad_(True) for h in (8, 2, 2))
+        d_out = torch.randn(rows, 8, 128, device=device, dtype=torch.bfloat16)
+        sink = random_sink().requires_grad_(True) if with_sink else None
+        leaves = [q, k, v] + ([sink] if with_sink else [])
+        causal, window = MASKS[mask]
+        attention = rcp.ring_attention if strategy == "ring" else rcp.attention
+
+        def step():
+            out = attention(q, k, v, plan, 0, causal=causal, window=window, deterministic=True,
+                            sink=sink)
+            return (out,) + torch.autograd.grad(out, leaves, d_out)
+
+        # Warm-up on a side stream (torch.cuda.graph's rule): the plan's index tensors, the
+        # library's plans and the NCCL communicator exist before the capture.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        names = ("out", "dq", "dk", "dv", "d_sink")
+        for replay in range(3):
+            with torch.no_grad():
+                for x in (q, k, v, d_out):
+                    x.copy_(torch.randn_like(x))
+                if with_sink:
+                    sink.copy_(random_sink())
+            graph.replay()
+            eager = step()
+            torch.cuda.synchronize()
+            for name, got, want in zip(names, captured, eager):
+                gap = (got.float() - want.float()).abs().max().item()
+                assert torch.equal(got, want), (
+                    f"{strategy} {mask} replay {replay}: {name} differs from an eager run's by "
+                    f"up to {gap:.3g}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy, mask, sink", [("all_gather", "causal", "none"),
+                                                  ("all_gather", "causal_window", "sink"),
+                                                  ("ring", "causal", "none"),
+                                                  ("ring", "none", "sink")])
+def test_gpu_cuda_graph_replays_like_eager(strategy, mask, sink):
+    _spawn_gpu(_graph_worker, strategy, mask, sink == "sink")

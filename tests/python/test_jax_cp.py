@@ -3,8 +3,8 @@
 whole batch on one device, output and gradients of q, k and v token by token, for causal,
 windowed-causal and unmasked packs with GQA and documents shorter than 2·cp; and with learnable
 sinks (replicated over the mesh axis: their gradient sums every device's share). The same for the
-ring strategy (causal, with and without sinks), its errors for shards that do not fit, and what its
-backward keeps (this device's shard, not every step's K/V)."""
+ring strategy (causal and full masks, with and without sinks), its errors for shards that do not
+fit and for windows, and what its backward keeps (this device's shard, not every step's K/V)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ CHILD = textwrap.dedent(
 
     def local(q, k, v, s):
         if ring:
-            assert mask == "causal"
-            return ring_attention(q, k, v, layout, "cp", sink=s if with_sink else None)
+            assert mask in ("causal", "none")
+            return ring_attention(q, k, v, layout, "cp", causal=causal,
+                                  sink=s if with_sink else None)
         return attention(q, k, v, layout, "cp", causal=causal, window=window,
                          sink=s if with_sink else None, deterministic=det)
 
@@ -101,19 +102,23 @@ CHILD = textwrap.dedent(
             got = jax.vjp(lambda x: _take_rows(x, rows, jnp.asarray(readers[r])), x)[1](
                 jnp.asarray(gy))[0]
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    if ring:  # shards that do not fit the layout or the mesh: errors saying what was given
-        def fails(lay, q, match):
-            f = shard_map(lambda q, k, v: ring_attention(q, k, v, lay, "cp"), mesh=mesh,
-                          in_specs=P("cp"), out_specs=P("cp"))
+    if ring:  # shards that do not fit the layout or the mesh, a window: errors saying what
+        def fails(lay, q, error, *parts, **options):  # was given
+            f = shard_map(lambda q, k, v: ring_attention(q, k, v, lay, "cp", **options),
+                          mesh=mesh, in_specs=P("cp"), out_specs=P("cp"))
             try:
                 f(q, q[:, :2], q[:, :2])
-            except ValueError as e:
-                assert match in str(e), str(e)
+            except error as e:
+                assert all(part in str(e) for part in parts), str(e)
             else:
-                raise AssertionError("no error for " + match)
-        fails(layout, layout.shard(q)[:-cp], f"q has shape ({layout.rows - 1}, 4, 64)")
+                raise AssertionError("no error for " + parts[0])
+        fails(layout, layout.shard(q)[:-cp], ValueError, f"q has shape ({layout.rows - 1}, 4, 64)")
         other = ShardLayout.of(zigzag_shard(cu, 2 * cp))
-        fails(other, jnp.zeros((cp * other.rows, 4, 64)), f"cp={2 * cp} devices")
+        fails(other, jnp.zeros((cp * other.rows, 4, 64)), ValueError, f"cp={2 * cp} devices")
+        fails(layout, layout.shard(q), NotImplementedError,
+              "raggedattn.jax_cp.ring_attention: window=(24, 0);", "supports causal and full masks",
+              "all-gather strategy, raggedattn.jax_cp.attention(..., window=...)",
+              causal=causal, window=(24, 0))
     print("OK")
     """
 )
@@ -140,10 +145,13 @@ def test_deterministic_matches_one_device_and_repeats(cp, mask):
     _run_child(cp, mask, "sink", "all_gather", "deterministic")
 
 
-@pytest.mark.parametrize("sink", ["none", "sink"])
-@pytest.mark.parametrize("cp", [1, 2, 4])
-def test_ring_matches_one_device(cp, sink):
-    _run_child(cp, "causal", sink, "ring")
+@pytest.mark.parametrize("cp, mask, sink", [
+    *((cp, "causal", sink) for cp in (1, 2, 4) for sink in ("none", "sink")),
+    *((cp, "none", "none") for cp in (1, 2, 4)),
+    (4, "none", "sink"),
+])
+def test_ring_matches_one_device(cp, mask, sink):
+    _run_child(cp, mask, sink, "ring")
 
 
 RESIDUALS = textwrap.dedent(
