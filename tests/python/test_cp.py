@@ -228,7 +228,7 @@ def _nccl_group_of_one(port):
 
 
 def _relative_error(got, want) -> float:
-    got, want = got.double(), want.double()
+    got, want = got.detach().double(), want.detach().double()
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
