@@ -142,7 +142,6 @@ def window_left(where: str, causal: bool, window) -> int:
     return left
 
 
-
 def chunk_pair_mask(i: int, j: int, causal: bool) -> Optional[str]:
     """How query chunk i of a document sees key chunk j of the same document, for the ring
     strategies (raggedattn.cp, raggedattn.jax_cp), which run chunk against chunk: "full" (every
@@ -156,11 +155,12 @@ def chunk_pair_mask(i: int, j: int, causal: bool) -> Optional[str]:
     return "causal" if j == i else "full"
 
 
-def refuse_ring_window(where: str, window, all_gather: str) -> None:
-    """Raises NotImplementedError for a ring strategy given a sliding window (anything but
-    (-1, -1)); `all_gather` names the call that takes windows."""
+def refuse_ring_window(where: str, window, all_gather: str, causal: bool = True) -> None:
+    """Raises NotImplementedError for a ring strategy given a sliding window: anything but
+    (-1, -1), or (-1, 0) under a causal mask, which is the causal mask itself; `all_gather` names
+    the call that takes windows."""
     given = tuple(int(x) for x in window)
-    if given != (-1, -1):
+    if given != (-1, -1) and not (causal and given == (-1, 0)):
         raise NotImplementedError(
             f"{where}: window={given}; the ring strategy supports causal and full masks "
             f"(window=(-1, -1)); sliding windows use the all-gather strategy, {all_gather}")

@@ -274,7 +274,8 @@ def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool
     causal: True (the default), each query piece runs against the chunks at or before its own,
     its diagonal masked; False, against both chunks of its document at every step, unmasked.
 
-    window: (-1, -1) only; anything else raises NotImplementedError. With a window a query chunk
+    window: none ((-1, -1), or (-1, 0) under a causal mask: the causal mask itself); a sliding
+    window raises NotImplementedError. With a window a query chunk
     sees only the chunks near it, so the ring would carry every K/V chunk to every device for
     nothing, and each off-diagonal pair's band sits at an offset that differs per document, which
     the library's one window per call cannot express. Sliding windows use the all-gather strategy
@@ -292,7 +293,7 @@ def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool
     sink: learnable attention sinks [Hq] (replicated over the axis), joining the merged softmax
     once after the last step; their gradient is summed over the axis."""
     refuse_ring_window("raggedattn.jax_cp.ring_attention", window,
-                       "raggedattn.jax_cp.attention(..., window=...)")
+                       "raggedattn.jax_cp.attention(..., window=...)", causal)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 3 or x.shape[0] != layout.rows:
             raise ValueError(

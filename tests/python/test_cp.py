@@ -12,7 +12,7 @@ import socket
 import numpy as np
 import pytest
 
-from raggedattn.cp_shard import zigzag_shard
+from raggedattn.cp_shard import refuse_ring_window, zigzag_shard
 
 LENGTHS = [[37, 1, 0, 20, 64], [5], [3, 2, 1], [130, 7, 50]]
 
@@ -182,13 +182,15 @@ def test_ring_attention_refuses_windows():
     plan = zigzag_shard([0, 40, 41], 2)
     rows = len(plan.rank_index(1))
     q, kv = torch.zeros(rows, 4, 64), torch.zeros(rows, 2, 64)
-    for causal, window in ((True, (24, 0)), (False, (8, 8))):
+    for causal, window in ((True, (24, 0)), (False, (8, 8)), (False, (-1, 0))):
         with pytest.raises(NotImplementedError) as error:
             rcp.ring_attention(q, kv, kv, plan, 1, causal=causal, window=window)
         message = str(error.value)
         assert message.startswith(f"raggedattn.cp.ring_attention: window={window};"), message
         assert "supports causal and full masks" in message, message
         assert "all-gather strategy, raggedattn.cp.attention(..., window=...)" in message, message
+    # (-1, 0) under a causal mask is the causal mask itself, as attention() takes it.
+    refuse_ring_window("raggedattn.cp.ring_attention", (-1, 0), "attention", causal=True)
 
 
 # --- on a GPU: an NCCL group of one, bf16 ---------------------------------------------------------
