@@ -336,12 +336,11 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, plan: ShardPlan, rank: int,
     step, unmasked.
 
     window: none ((-1, -1), or (-1, 0) under a causal mask: the causal mask itself); a sliding
-    window raises NotImplementedError. With a window a query chunk
-    sees only the chunks near it, so the ring would carry every K/V chunk to every rank for
-    nothing, and each off-diagonal pair's band sits at an offset that differs per document, which
-    the library's one window per call cannot express. Sliding windows use the all-gather strategy
-    (`attention(..., window=...)`); TransformerEngine's context parallelism likewise serves them
-    with all-gather, not its p2p ring."""
+    window raises NotImplementedError. With a window a query chunk sees only the chunks near it, so
+    the ring would carry every K/V chunk to every rank for nothing, and each off-diagonal pair's
+    band sits at an offset that differs per document, which the library's one window per call
+    cannot express. Sliding windows use the all-gather strategy (`attention(..., window=...)`);
+    TransformerEngine's context parallelism likewise serves them with all-gather, not its p2p ring."""
     refuse_ring_window("raggedattn.cp.ring_attention", window,
                        "raggedattn.cp.attention(..., window=...)", causal)
     local = len(plan.rank_index(rank))

@@ -275,12 +275,11 @@ def ring_attention(q, k, v, layout: ShardLayout, axis_name: str, *, causal: bool
     its diagonal masked; False, against both chunks of its document at every step, unmasked.
 
     window: none ((-1, -1), or (-1, 0) under a causal mask: the causal mask itself); a sliding
-    window raises NotImplementedError. With a window a query chunk
-    sees only the chunks near it, so the ring would carry every K/V chunk to every device for
-    nothing, and each off-diagonal pair's band sits at an offset that differs per document, which
-    the library's one window per call cannot express. Sliding windows use the all-gather strategy
-    (`attention(..., window=...)`); TransformerEngine's context parallelism likewise serves them
-    with all-gather, not its p2p ring.
+    window raises NotImplementedError. With a window a query chunk sees only the chunks near it, so
+    the ring would carry every K/V chunk to every device for nothing, and each off-diagonal pair's
+    band sits at an offset that differs per document, which the library's one window per call
+    cannot express. Sliding windows use the all-gather strategy (`attention(..., window=...)`);
+    TransformerEngine's context parallelism likewise serves them with all-gather, not its p2p ring.
 
     K and V travel around the axis with ppermute, one hop per step (cp steps; the next step's
     chunks can travel while this step computes); each step runs this device's query pieces on
