@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Context-parallel scaling of raggedattn.cp.attention (the all-gather strategy), launched by
-torchrun: tokens/s per GPU and the efficiency against one GPU, forward + backward.
+"""Context-parallel scaling of raggedattn.cp (the all-gather strategy, or the ring with
+--strategy ring), launched by torchrun: tokens/s per GPU and the efficiency against one GPU,
+forward + backward.
 
     torchrun --nproc-per-node 8 bench/cp_scaling.py --tokens 262144 --out $OUT/cp.json
+    torchrun --nproc-per-node 8 bench/cp_scaling.py --tokens 262144 --strategy ring
     torchrun --nproc-per-node 2 bench/cp_scaling.py --backend gloo --device cpu --tokens 2048 \\
         --heads 4/2 --dim 64 --dtype fp32 --iters 1          # wiring check without GPUs
 
@@ -34,6 +36,7 @@ import raggedattn.torch as rt  # noqa: E402
 from raggedattn.cp_shard import zigzag_shard  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+STRATEGIES = {"all_gather": rcp.attention, "ring": rcp.ring_attention}
 
 
 def scaled_mix(tokens):
@@ -67,6 +70,8 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--dtype", default="bf16", choices=DTYPES)
     ap.add_argument("--full", action="store_true", help="no mask (default: causal)")
+    ap.add_argument("--strategy", default="all_gather", choices=STRATEGIES,
+                    help="raggedattn.cp.attention (all_gather) or raggedattn.cp.ring_attention")
     ap.add_argument("--backend", default="nccl")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--iters", type=int, default=5)
@@ -92,8 +97,10 @@ def main():
     mine = [t.index_select(0, idx).requires_grad_(True) for t in (q, k, v)]
     mine_grad = grad.index_select(0, idx)
 
+    attention = STRATEGIES[args.strategy]
+
     def cp_step():
-        out = rcp.attention(*mine, plan, rank, causal=causal)
+        out = attention(*mine, plan, rank, causal=causal)
         torch.autograd.grad(out, mine, mine_grad)
 
     t_group = timed(cp_step, device, args.iters, args.warmup, group=dist.group.WORLD)
@@ -114,7 +121,8 @@ def main():
         flops = fwd_flops(lens, causal, hq, args.dim) + bwd_flops(lens, causal, hq, args.dim)
         result = {
             "gpus": world, "tokens": args.tokens, "documents": lens, "causal": causal,
-            "heads": [hq, hkv], "dim": args.dim, "dtype": args.dtype, "backend": args.backend,
+            "strategy": args.strategy, "heads": [hq, hkv], "dim": args.dim, "dtype": args.dtype,
+            "backend": args.backend,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "seconds_group": t_group, "seconds_one_device": t_one,
             "tokens_per_s_per_gpu": args.tokens / t_group / world,

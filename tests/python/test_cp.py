@@ -343,3 +343,30 @@ def _graph_worker(rank, port, strategy, mask, with_sink):
                                                   ("ring", "none", "sink")])
 def test_gpu_cuda_graph_replays_like_eager(strategy, mask, sink):
     _spawn_gpu(_graph_worker, strategy, mask, sink == "sink")
+
+
+# --- the scaling benchmark's wiring ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["all_gather", "ring"])
+def test_cp_scaling_runs_both_strategies(strategy, tmp_path):
+    """bench/cp_scaling.py over two gloo processes on the CPU (the multi-GPU run's script, wired
+    end to end): rank 0's JSON names the strategy and a positive time for the group and for one
+    device."""
+    pytest.importorskip("torch")
+    pytest.importorskip("raggedattn.torch")
+    import json
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "cp_scaling.py")
+    out = tmp_path / "cp.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    f"--master-port={_free_port()}", script, "--backend", "gloo", "--device",
+                    "cpu", "--tokens", "1024", "--heads", "4/2", "--dim", "64", "--dtype", "fp32",
+                    "--iters", "1", "--warmup", "0", "--strategy", strategy, "--out", str(out)],
+                   check=True, env=env, capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["strategy"] == strategy and result["gpus"] == 2
+    assert result["seconds_group"] > 0 and result["seconds_one_device"] > 0
