@@ -193,14 +193,14 @@ def test_ring_attention_refuses_windows():
     refuse_ring_window("raggedattn.cp.ring_attention", (-1, 0), "attention", causal=True)
 
 
-# --- on a GPU: an NCCL group of one, bf16 ---------------------------------------------------------
+# --- on GPUs: NCCL groups, bf16 -------------------------------------------------------------------
 
 GPU_LENGTHS = [700, 1, 0, 257, 64, 7]  # zero-length and length-1 documents: empty chunks
 # test_torch.py's floors for bfloat16 on CUDA (GPU_TOL): the output, the gradients.
 GPU_BF16_TOL = {"out": 1e-2, "dq": 2e-2, "dk": 2e-2, "dv": 2e-2, "d_sink": 2e-2}
 
 
-def _require_nccl_gpu():
+def _require_nccl_gpus(world):
     torch = pytest.importorskip("torch")
     pytest.importorskip("raggedattn.torch")
     import torch.distributed as dist
@@ -209,24 +209,27 @@ def _require_nccl_gpu():
         pytest.skip("no CUDA device")
     if not (dist.is_available() and dist.is_nccl_available()):
         pytest.skip("this PyTorch has no NCCL")
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"a group of {world} needs {world} GPUs; {torch.cuda.device_count()} here")
 
 
-def _spawn_gpu(worker, *args):
-    """worker(0, port, *args) in a process of its own: a failure there cannot leave this pytest
-    process's CUDA context or NCCL state broken."""
-    _require_nccl_gpu()
+def _spawn_gpu(worker, *args, world=1):
+    """worker(rank, world, port, *args) in `world` processes of their own, rank r on GPU r: a
+    failure there cannot leave this pytest process's CUDA context or NCCL state broken."""
+    _require_nccl_gpus(world)
     import torch.multiprocessing as mp
 
-    mp.spawn(worker, args=(_free_port(),) + args, nprocs=1, join=True)
+    mp.spawn(worker, args=(world, _free_port()) + args, nprocs=world, join=True)
 
 
-def _nccl_group_of_one(port):
+def _nccl_group(rank, world, port):
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    return torch.device("cuda", 0)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    return torch.device("cuda", rank)
 
 
 def _relative_error(got, want) -> float:
@@ -234,16 +237,17 @@ def _relative_error(got, want) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
-def _gpu_worker(rank, port, strategy, mask):
-    """One strategy and mask over an NCCL group of one against raggedattn.torch.attention on the
-    whole batch: output and gradients, each within bf16's error."""
+def _gpu_worker(rank, world, port, strategy, mask):
+    """One strategy and mask over an NCCL group against raggedattn.torch.attention on the whole
+    batch (every rank computes it, from the same seed): this rank's rows of the output and the
+    gradients, each within bf16's error."""
     import torch
     import torch.distributed as dist
 
     import raggedattn.cp as rcp
     import raggedattn.torch as rt
 
-    device = _nccl_group_of_one(port)
+    device = _nccl_group(rank, world, port)
     try:
         g = torch.Generator(device=device).manual_seed(21)
         cu_np = np.concatenate([[0], np.cumsum(GPU_LENGTHS)]).astype(np.int32)
@@ -255,29 +259,32 @@ def _gpu_worker(rank, port, strategy, mask):
         whole = [t.clone().requires_grad_(True) for t in (q, k, v)]
         ref = rt.attention(*whole, cu, cu, mx, mx, causal=causal, window=window)
         ref_grads = torch.autograd.grad(ref, whole, grad)
-        plan = zigzag_shard(cu_np, 1)
-        idx = torch.from_numpy(plan.rank_index(0)).to(device)
+        plan = zigzag_shard(cu_np, world)
+        idx = torch.from_numpy(plan.rank_index(rank)).to(device)
         mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
         attention = rcp.ring_attention if strategy == "ring" else rcp.attention
-        out = attention(*mine, plan, 0, causal=causal, window=window)
+        out = attention(*mine, plan, rank, causal=causal, window=window)
         grads = torch.autograd.grad(out, mine, grad[idx])
         for name, got, want in zip(("out", "dq", "dk", "dv"), (out,) + grads, (ref,) + ref_grads):
             assert got.dtype == torch.bfloat16 and bool(torch.isfinite(got).all()), name
             err = _relative_error(got, want[idx])
             assert err <= GPU_BF16_TOL[name], (
-                f"{strategy} {mask} {name}: relative error {err:.3g} > {GPU_BF16_TOL[name]}")
+                f"{strategy} {mask} rank {rank} of {world} {name}: relative error {err:.3g} > "
+                f"{GPU_BF16_TOL[name]}")
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
 @pytest.mark.parametrize("strategy, mask", [("all_gather", "causal"),
                                             ("all_gather", "causal_window"), ("ring", "causal"),
                                             ("ring", "none")])
-def test_gpu_nccl_group_of_one_matches_whole_batch(strategy, mask):
-    _spawn_gpu(_gpu_worker, strategy, mask)
+def test_gpu_nccl_group_matches_whole_batch(strategy, mask, world):
+    """Groups of more than one run where the machine has that many GPUs (the multi-GPU run)."""
+    _spawn_gpu(_gpu_worker, strategy, mask, world=world)
 
 
-def _graph_worker(rank, port, strategy, mask, with_sink):
+def _graph_worker(rank, world, port, strategy, mask, with_sink):
     """Forward and backward of one strategy captured in a CUDA graph, replayed on fresh inputs
     copied into the static ones: bitwise an eager run's on the same inputs (deterministic=True)."""
     import torch
@@ -285,11 +292,11 @@ def _graph_worker(rank, port, strategy, mask, with_sink):
 
     import raggedattn.cp as rcp
 
-    device = _nccl_group_of_one(port)
+    device = _nccl_group(rank, world, port)
     try:
-        torch.manual_seed(22)
-        plan = zigzag_shard(np.concatenate([[0], np.cumsum(GPU_LENGTHS)]), 1)
-        rows = len(plan.rank_index(0))
+        torch.manual_seed(22 + rank)
+        plan = zigzag_shard(np.concatenate([[0], np.cumsum(GPU_LENGTHS)]), world)
+        rows = len(plan.rank_index(rank))
 
         def random_sink():
             return torch.rand(8, device=device) * 4 - 1
@@ -303,8 +310,8 @@ def _graph_worker(rank, port, strategy, mask, with_sink):
         attention = rcp.ring_attention if strategy == "ring" else rcp.attention
 
         def step():
-            out = attention(q, k, v, plan, 0, causal=causal, window=window, deterministic=True,
-                            sink=sink)
+            out = attention(q, k, v, plan, rank, causal=causal, window=window,
+                            deterministic=True, sink=sink)
             return (out,) + torch.autograd.grad(out, leaves, d_out)
 
         # Warm-up on a side stream (torch.cuda.graph's rule): the plan's index tensors, the
@@ -331,8 +338,8 @@ def _graph_worker(rank, port, strategy, mask, with_sink):
             for name, got, want in zip(names, captured, eager):
                 gap = (got.float() - want.float()).abs().max().item()
                 assert torch.equal(got, want), (
-                    f"{strategy} {mask} replay {replay}: {name} differs from an eager run's by "
-                    f"up to {gap:.3g}")
+                    f"{strategy} {mask} rank {rank} of {world} replay {replay}: {name} differs "
+                    f"from an eager run's by up to {gap:.3g}")
     finally:
         dist.destroy_process_group()
 
@@ -341,8 +348,9 @@ def _graph_worker(rank, port, strategy, mask, with_sink):
                                                   ("all_gather", "causal_window", "sink"),
                                                   ("ring", "causal", "none"),
                                                   ("ring", "none", "sink")])
-def test_gpu_cuda_graph_replays_like_eager(strategy, mask, sink):
-    _spawn_gpu(_graph_worker, strategy, mask, sink == "sink")
+@pytest.mark.parametrize("world", [1, 2])
+def test_gpu_cuda_graph_replays_like_eager(strategy, mask, sink, world):
+    _spawn_gpu(_graph_worker, strategy, mask, sink == "sink", world=world)
 
 
 # --- the scaling benchmark's wiring ---------------------------------------------------------------
