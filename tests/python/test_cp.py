@@ -72,6 +72,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _import_before_the_group():
+    """raggedattn.cp, and torch.distributed.nn.functional with it, imported before the process
+    group exists: imported after it, the process aborted at exit in about half the runs
+    ("terminate called without an active exception"; torch 2.11, gloo)."""
+    import raggedattn.cp  # noqa: F401
+
+
 def _worker(rank, world, port, lengths, masks, seed, deterministic=False, strategy="all_gather",
             with_sink=False):
     """Each mask of `masks` (MASKS' names) on this rank's shard across a gloo group of `world`,
@@ -80,9 +87,7 @@ def _worker(rank, world, port, lengths, masks, seed, deterministic=False, strate
     import torch
     import torch.distributed as dist
 
-    import raggedattn.cp as rcp
-    import raggedattn.torch as rt
-
+    _import_before_the_group()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
@@ -94,29 +99,13 @@ def _worker(rank, world, port, lengths, masks, seed, deterministic=False, strate
         sink = torch.rand(hq, generator=g) * 4 - 1 if with_sink else None
         plan = zigzag_shard(cu.numpy(), world)
         idx = torch.from_numpy(plan.rank_index(rank))
-        attention = rcp.ring_attention if strategy == "ring" else rcp.attention
         for mask in masks:
-            causal, window = MASKS[mask]
             what = f"{strategy} {mask}"
-            # The whole batch in one process: the reference.
-            full = [t.clone().requires_grad_(True) for t in (q, k, v)]
-            if with_sink:
-                full.append(sink.clone().requires_grad_(True))
-            mx = max(lengths)
-            ref = rt.attention(*full[:3], cu, cu, mx, mx, causal=causal, window=window,
-                               sink=full[3] if with_sink else None)
-            ref_grads = torch.autograd.grad(ref, full, grad)
-            # This rank's shard across the group.
-            mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
-            if with_sink:
-                mine.append(sink.clone().requires_grad_(True))
-            options = dict(causal=causal, window=window, deterministic=deterministic,
-                           sink=mine[3] if with_sink else None)
-            out = attention(*mine[:3], plan, rank, **options)
-            grads = torch.autograd.grad(out, mine, grad[idx])
+            run = _WholeAndShard(strategy, plan, rank, idx, (q, k, v), sink, grad, cu,
+                                 max(lengths), mask, deterministic=deterministic)
+            out, grads, ref, ref_grads = run.out, run.grads, run.ref, run.ref_grads
             if deterministic:  # a second run: bitwise the same gradients
-                again = attention(*mine[:3], plan, rank, **options)
-                for a, b in zip(grads, torch.autograd.grad(again, mine, grad[idx])):
+                for a, b in zip(grads, run.shard()[1]):
                     assert torch.equal(a, b), what
             _assert_close(f"{what} out", out, ref[idx], 2e-5)
             for name, got, want in zip("qkv", grads, ref_grads):
@@ -127,6 +116,40 @@ def _worker(rank, world, port, lengths, masks, seed, deterministic=False, strate
                 _assert_close(f"{what} d_sink", d_sink, ref_grads[3], 5e-5)
     finally:
         dist.destroy_process_group()
+
+
+class _WholeAndShard:
+    """One mask of `strategy` on this rank's shard across the group, and the whole batch in this
+    process as the reference (raggedattn.torch.attention): out, grads (q, k, v and the sink's
+    share), ref, ref_grads; `shard()` runs the shard again. q, k, v, sink: the whole batch's
+    (sink None: none); idx: this rank's rows; longest: the longest document."""
+
+    def __init__(self, strategy, plan, rank, idx, qkv, sink, d_out, cu, longest, mask,
+                 **options):
+        import torch
+
+        import raggedattn.cp as rcp
+        import raggedattn.torch as rt
+
+        causal, window = MASKS[mask]
+        extra = [] if sink is None else [sink]
+        full = [t.clone().requires_grad_(True) for t in list(qkv) + extra]
+        self.ref = rt.attention(*full[:3], cu, cu, longest, longest, causal=causal, window=window,
+                                sink=full[3] if extra else None)
+        self.ref_grads = torch.autograd.grad(self.ref, full, d_out)
+        self._mine = [t[idx].clone().requires_grad_(True) for t in qkv] + \
+            [t.clone().requires_grad_(True) for t in extra]
+        self._attention = rcp.ring_attention if strategy == "ring" else rcp.attention
+        self._call = dict(causal=causal, window=window, sink=self._mine[3] if extra else None,
+                          **options)
+        self._plan, self._rank, self._d_out = plan, rank, d_out[idx]
+        self.out, self.grads = self.shard()
+
+    def shard(self):
+        import torch
+
+        out = self._attention(*self._mine[:3], self._plan, self._rank, **self._call)
+        return out, torch.autograd.grad(out, self._mine, self._d_out)
 
 
 def _assert_close(what, got, want, tol):
@@ -227,6 +250,7 @@ def _nccl_group(rank, world, port):
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
+    _import_before_the_group()
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     return torch.device("cuda", rank)
@@ -244,28 +268,19 @@ def _gpu_worker(rank, world, port, strategy, mask):
     import torch
     import torch.distributed as dist
 
-    import raggedattn.cp as rcp
-    import raggedattn.torch as rt
-
     device = _nccl_group(rank, world, port)
     try:
         g = torch.Generator(device=device).manual_seed(21)
         cu_np = np.concatenate([[0], np.cumsum(GPU_LENGTHS)]).astype(np.int32)
         cu = torch.from_numpy(cu_np).to(device)
-        total, mx = int(cu_np[-1]), max(GPU_LENGTHS)
-        q, k, v, grad = (torch.randn(total, h, 128, generator=g, device=device,
+        q, k, v, grad = (torch.randn(int(cu_np[-1]), h, 128, generator=g, device=device,
                                      dtype=torch.bfloat16) for h in (8, 2, 2, 8))
-        causal, window = MASKS[mask]
-        whole = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        ref = rt.attention(*whole, cu, cu, mx, mx, causal=causal, window=window)
-        ref_grads = torch.autograd.grad(ref, whole, grad)
         plan = zigzag_shard(cu_np, world)
         idx = torch.from_numpy(plan.rank_index(rank)).to(device)
-        mine = [t[idx].clone().requires_grad_(True) for t in (q, k, v)]
-        attention = rcp.ring_attention if strategy == "ring" else rcp.attention
-        out = attention(*mine, plan, rank, causal=causal, window=window)
-        grads = torch.autograd.grad(out, mine, grad[idx])
-        for name, got, want in zip(("out", "dq", "dk", "dv"), (out,) + grads, (ref,) + ref_grads):
+        run = _WholeAndShard(strategy, plan, rank, idx, (q, k, v), None, grad, cu,
+                             max(GPU_LENGTHS), mask)
+        for name, got, want in zip(("out", "dq", "dk", "dv"), (run.out,) + run.grads,
+                                   (run.ref,) + run.ref_grads):
             assert got.dtype == torch.bfloat16 and bool(torch.isfinite(got).all()), name
             err = _relative_error(got, want[idx])
             assert err <= GPU_BF16_TOL[name], (
