@@ -73,9 +73,10 @@ def _free_port() -> int:
 
 
 def _import_before_the_group():
-    """raggedattn.cp, and torch.distributed.nn.functional with it, imported before the process
-    group exists: imported after it, the process aborted at exit in about half the runs
-    ("terminate called without an active exception"; torch 2.11, gloo)."""
+    """raggedattn.cp (and torch.distributed.rpc with it) imported before the process group
+    exists. With torch 2.11 a gloo process that destroys its group aborts at exit in most runs
+    ("terminate called without an active exception"), raggedattn or not, unless
+    torch.distributed.rpc was imported before init_process_group."""
     import raggedattn.cp  # noqa: F401
 
 
