@@ -71,5 +71,24 @@ __device__ __forceinline__ void bulk_wait_done() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
+// Compare-and-swap at GPU scope with acquire semantics, whether or not it swaps: what the thread
+// that released `*p` wrote before its release is visible to this thread's later accesses. It
+// replaces a relaxed atomicCAS followed by __threadfence, whose fence.sc drains the thread's
+// outstanding writes first.
+__device__ __forceinline__ int32_t atomic_cas_acquire(int32_t* p, int32_t expected, int32_t desired) {
+  int32_t old;
+  asm volatile("atom.acquire.gpu.global.cas.b32 %0, [%1], %2, %3;\n"
+               : "=r"(old)
+               : "l"(p), "r"(expected), "r"(desired)
+               : "memory");
+  return old;
+}
+// A GPU-scope load with acquire semantics.
+__device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 }  // namespace gpu
 }  // namespace raggedattn

@@ -49,7 +49,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
     // taken before the step's slices are in (its round trip overlaps the consumers' step, not this
     // warp's hand-off).
     int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
-    const int claimed = claim ? atomicCAS(claim, 0, 1) : 2;
+    const int claimed = claim ? atomic_cas_acquire(claim, 0, 1) : 2;
     mbar_wait(&bars.dq_full[0], it & 1);
     int32_t* lock = nullptr;
     int expected = 0;
@@ -60,9 +60,8 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
       __threadfence();
     }
     const bool first = claimed == 0;
-    if (claim && !first) {  // another key tile's: wait for its store
-      for (int state = claimed; state != 2; state = atomicAdd(claim, 0)) __nanosleep(32);
-      __threadfence();
+    if (claim && !first) {  // another key tile's: wait for its store (acquired with the mark)
+      for (int state = claimed; state != 2; state = load_acquire(claim)) __nanosleep(32);
       fence_proxy_async_global();  // the store seen before this thread's bulk reduce-add
     }
     unsigned char* dst =

@@ -61,8 +61,10 @@ using gpu::bulk_store;
 using gpu::bulk_wait_done;
 using gpu::bulk_wait_read;
 using gpu::bulk_wait_read_but;
+using gpu::atomic_cas_acquire;
 using gpu::fence_proxy_async_global;
 using gpu::fence_proxy_async_smem;
+using gpu::load_acquire;
 
 // mbarrier (shared memory, CTA scope): a phase completes when `count` arrivals have happened.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
