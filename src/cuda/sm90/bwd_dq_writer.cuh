@@ -36,26 +36,34 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
   const Segment& seg = w.seg;
   const BwdBarriers& bars = cta.bars;
   const uint32_t slice_bytes = uint32_t(BM) * S::kDqSliceCols * uint32_t(p.dq_accum.elem_bytes());
-  for (int it = 0, qt = w.m_rot, qh = 0; it < w.steps; ++it, w.next_step(qt, qh)) {
-    const int h = cta.hk * p.group + qh;  // as warp 0 counts them
-    const int m_tile = w.m_first + qt;
-    const int m0 = m_tile * BM;
-    // The whole tile, in the scratch's tile order (rows past the segment's end, whatever they
-    // hold, land in its own slot's last tile and are never read).
-    const int64_t off = p.dq_accum.offset(0, cta.b, seg.cu_q, h, m0);
-    // Claimed tiles: the first key tile to claim this one (0 -> 1) stores it and marks it
-    // written (2) once its bulk copies have completed; any other adds only once the tile is
-    // marked. The marking mirrors the deterministic turns' release and acquire. The claim is
-    // taken before the step's slices are in (its round trip overlaps the consumers' step, not this
-    // warp's hand-off).
+  // The step's whole tile, in the scratch's tile order (rows past the segment's end, whatever
+  // they hold, land in its own slot's last tile and are never read).
+  auto tile_offset = [&](int qt, int qh) {
+    return p.dq_accum.offset(0, cta.b, seg.cu_q, cta.hk * p.group + qh, (w.m_first + qt) * BM);
+  };
+  // Claimed tiles: the first key tile to claim one (0 -> 1) stores it and marks it written (2)
+  // once its bulk copies have completed; any other adds only once the tile is marked. The
+  // marking mirrors the deterministic turns' release and acquire. Each step's claim is taken
+  // while the step before it is read out, so its round trip overlaps that wait, not this warp's
+  // hand-off.
+  auto take_claim = [&](int64_t off, int& claimed) -> int32_t* {
     int32_t* claim = p.dq_claims ? p.dq_claims + p.dq_accum.tile_of(off) : nullptr;
-    const int claimed = claim ? atomic_cas_acquire(claim, 0, 1) : 2;
+    claimed = claim ? atomic_cas_acquire(claim, 0, 1) : 2;
+    return claim;
+  };
+  int qt = w.m_rot, qh = 0;
+  int64_t off = tile_offset(qt, qh);
+  int claimed;
+  int32_t* claim = take_claim(off, claimed);
+  for (int it = 0; it < w.steps; ++it) {
+    const int m_tile = w.m_first + qt;
     mbar_wait(&bars.dq_full[0], it & 1);
     int32_t* lock = nullptr;
     int expected = 0;
     if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
+      const int m0 = m_tile * BM;
       expected = p.mask.key_tile_turn(cta.tc.tile, m0, BN, seg.len_q, seg.len_kv);
-      lock = gpu::dq_tile_lock<BM>(p, cta.b, seg, h, m_tile);
+      lock = gpu::dq_tile_lock<BM>(p, cta.b, seg, cta.hk * p.group + qh, m_tile);
       while (atomicAdd(lock, 0) != expected) __nanosleep(64);
       __threadfence();
     }
@@ -70,6 +78,13 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
     dq_slice_out<S>(p, dst, tile, slice_bytes, first);
     mbar_wait(&bars.dq_full[1], it & 1);
     dq_slice_out<S>(p, dst + slice_bytes, tile + slice_bytes, slice_bytes, first);
+    // The next step's tile and claim, while this step's slices are read.
+    int32_t* const step_claim = claim;
+    if (it + 1 < w.steps) {
+      w.next_step(qt, qh);
+      off = tile_offset(qt, qh);
+      claim = take_claim(off, claimed);
+    }
     // Each slice's shared memory may be written again once its group has read it.
     if (lock) {
       bulk_wait_done();
@@ -86,7 +101,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
       bulk_wait_done();
       fence_proxy_async_global();
       __threadfence();
-      atomicExch(claim, 2);
+      atomicExch(step_claim, 2);
     }
   }
   bulk_wait_done();
