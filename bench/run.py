@@ -204,7 +204,8 @@ def main():
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all but "
-                    "raggedattn_sink and raggedattn_sink_lse_grad, which run only where named)")
+                    "raggedattn_sink, raggedattn_sink_lse_grad and raggedattn_det, which run only where "
+                    "named)")
     ap.add_argument("--lib", action="append", default=[], metavar="TAG=DIR",
                     help="also measure the variants with the library in DIR or DIR/src (another "
                          "build of libraggedattn.so, e.g. a branch's), named <variant>_<TAG>; "
@@ -223,9 +224,10 @@ def main():
     variants = {"raggedattn": [], "raggedattn_dq_bf16": ["--dq-accum", "bf16"],
                 "raggedattn_portable": ["--backend", "cuda_portable"],
                 "raggedattn_sm90": ["--backend", "cuda_sm90"]}
-    # Measured only where --variants names them: the cost of sinks (and of an LSE cotangent) is
-    # read against the default variant in the same run.
-    optional = {"raggedattn_sink": ["--sink"], "raggedattn_sink_lse_grad": ["--sink", "--lse-grad"]}
+    # Measured only where --variants names them: the cost of sinks (and of an LSE cotangent), or
+    # of the deterministic backward, is read against the default variant in the same run.
+    optional = {"raggedattn_sink": ["--sink"], "raggedattn_sink_lse_grad": ["--sink", "--lse-grad"],
+                "raggedattn_det": ["--deterministic"]}
     if args.variants:
         chosen = args.variants.split(",")
         variants = {k: v for k, v in {**variants, **optional}.items() if k in chosen}
