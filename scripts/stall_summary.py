@@ -13,10 +13,16 @@ warp-specialized kernel's regions then read as "the consumers' item set-up", "th
 producer", and so on. Stall samples say where a warp waits, not what removing the wait would gain
 (docs/PERFORMANCE.md item 22). A mbarrier wait shows as long-scoreboard samples on the branch
 after its TRYWAIT.
+
+With --by-count, it also groups the instructions by how often they ran, in powers of two: in a
+warp-specialized kernel each role's code runs a count of its own (the backward's consumer code 8
+times per step, warp 0's and warp 1's once), so the groups compare the roles' waits across two
+kernels of the same step count.
 """
 
 import argparse
 import csv
+import math
 import sys
 
 LANDMARKS = ("SETMAXREG", "BAR.SYNC", "BAR.ARV", "TRYWAIT", "DEPBAR", "UTMALDG", "UBLKRED", "EXIT")
@@ -45,11 +51,38 @@ def load(path):
     return rows[0][1] if len(rows[0]) > 1 else path, insts
 
 
+def print_by_count(insts, total):
+    """Samples, instructions executed and the main reasons per group of instructions whose
+    execution counts round to the same power of two (one role's 4 210 688 and 4 227 072 runs stay
+    together)."""
+    groups = {}
+    for i in insts:
+        if i["executed"] == 0 and i["samples"] == 0:
+            continue
+        key = round(math.log2(i["executed"])) if i["executed"] else -1
+        g = groups.setdefault(key, {"samples": 0, "executed": 0, "reasons": {}})
+        g["samples"] += i["samples"]
+        g["executed"] += i["executed"]
+        for k, v in i["reasons"].items():
+            g["reasons"][k] = g["reasons"].get(k, 0) + v
+    print("\nby execution count (each instruction run about 2^k times: samples, %, instructions "
+          "executed, main reasons as % of the group):")
+    for k, g in sorted(groups.items(), key=lambda kv: -kv[1]["samples"]):
+        if g["samples"] < total / 200:
+            continue
+        runs = f"2^{k}" if k >= 0 else "never"
+        top = sorted(g["reasons"].items(), key=lambda kv: -kv[1])[:5]
+        why = ", ".join(f"{k} {100 * v / g['samples']:.1f}%" for k, v in top if v)
+        print(f"  {runs:>6} {g['samples']:>8} {100 * g['samples'] / total:>5.1f}%  "
+              f"{g['executed']:.3g}  {why}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--regions", action="store_true")
+    ap.add_argument("--by-count", action="store_true")
     a = ap.parse_args()
     kernel, insts = load(a.csv)
     total = sum(i["samples"] for i in insts) or 1
@@ -66,6 +99,8 @@ def main():
         main2 = sorted(i["reasons"].items(), key=lambda kv: -kv[1])[:2]
         why = ", ".join(f"{k} {v}" for k, v in main2 if v)
         print(f"{n:>6} {i['samples']:>7} {100 * i['samples'] / total:>5.1f}%  {i['sass'][:60]:<60} [{why}] x{i['executed']}")
+    if a.by_count:
+        print_by_count(insts, total)
     if a.regions:
         print("\nregions between landmarks (first index, samples, %, the landmark that opens it):")
         start, label, acc = 0, "kernel entry", 0
