@@ -72,10 +72,11 @@ __device__ __forceinline__ void bulk_wait_done() {
 }
 
 // Compare-and-swap at GPU scope with acquire semantics, whether or not it swaps: what the thread
-// that released `*p` wrote before its release is visible to this thread's later accesses. It
-// replaces a relaxed atomicCAS followed by __threadfence, whose fence.sc drains the thread's
-// outstanding writes first.
-__device__ __forceinline__ int32_t atomic_cas_acquire(int32_t* p, int32_t expected, int32_t desired) {
+// that released `*p` wrote before its release is visible to this thread's later accesses. Cheaper
+// than a relaxed atomicCAS followed by __threadfence, whose fence.sc first drains the thread's
+// outstanding writes (its bulk reduce-adds included).
+__device__ __forceinline__ int32_t atomic_cas_acquire(int32_t* p, int32_t expected,
+                                                      int32_t desired) {
   int32_t old;
   asm volatile("atom.acquire.gpu.global.cas.b32 %0, [%1], %2, %3;\n"
                : "=r"(old)
