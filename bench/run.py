@@ -204,8 +204,8 @@ def main():
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--variants", help="comma-separated subset of our variants (default: all but "
-                    "raggedattn_sink, raggedattn_sink_lse_grad and raggedattn_det, which run only where "
-                    "named)")
+                    "raggedattn_sink, raggedattn_sink_lse_grad and raggedattn_det, which run "
+                    "only where named)")
     ap.add_argument("--lib", action="append", default=[], metavar="TAG=DIR",
                     help="also measure the variants with the library in DIR or DIR/src (another "
                          "build of libraggedattn.so, e.g. a branch's), named <variant>_<TAG>; "
