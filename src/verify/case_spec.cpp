@@ -111,6 +111,15 @@ std::vector<CaseSpec> named_suite(int32_t hq, int32_t hkv) {
     s.push_back(c);
   }
   {
+    // More keys than queries under a top-left causal mask: the key tiles past a segment's last
+    // query row see no query (dK = dV = 0, no dQ step), and the last query tile of each segment
+    // is partial, so a key tile with no step must leave that tile's dQ to the key tiles that
+    // have one.
+    CaseSpec c = causal("cross_top_left", {100, 37, 1, 70}, hq, hkv);
+    c.seqlens_kv = {300, 200, 130, 70};
+    s.push_back(c);
+  }
+  {
     // Empty segments of every kind: both empty, queries without keys (O = 0, LSE = -inf), keys
     // without queries (dK = dV = 0 exactly).
     CaseSpec c = causal("zero_length", {100, 0, 80, 7, 0, 76}, hq, hkv);

@@ -51,6 +51,9 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
     claimed = claim ? atomic_cas_acquire(claim, 0, 1) : 2;
     return claim;
   };
+  // A key tile no query row sees has no step; its first tile (query_tiles' empty span) may be a
+  // tile other key tiles write, and a claim taken on it would never be marked.
+  if (w.steps == 0) return;
   int qt = w.m_rot, qh = 0;
   int64_t off = tile_offset(qt, qh);
   int claimed;
