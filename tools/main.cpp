@@ -72,7 +72,9 @@ commands:
   info    the build, the device and the plan of a problem (run's problem options)
 
 exit status: 0 pass, 1 a check failed, 2 bad arguments, a problem the library rejects, or one
-too large for this machine's memory
+too large for this machine's memory, 3 a kernel still running past the deadline, the case named
+on stderr (check, run and bench: --deadline-s S on each span of a case's device work, default
+300, 0 for none)
 )";
 
 // What the command line asked for, before defaults that depend on the machine are filled in.
@@ -91,6 +93,7 @@ struct Options {
   bool no_check = false;
   bool list = false;
   bool progress = false;
+  double deadline_s = -1;  // < 0: RunOptions' default
   std::string json;
 };
 
@@ -187,6 +190,8 @@ Options parse(Command cmd, Args& args) {
     } else if (cmd != Command::Info && opt == "--progress") {
       flag();
       o.progress = true;
+    } else if (cmd != Command::Info && opt == "--deadline-s") {
+      o.deadline_s = parse_float(opt, args.value(opt), 0.0);
     } else if (problem_cmd && opt == "--segments") {
       o.spec.seqlens_q = parse_lengths(opt, args.value(opt));
       o.have_segments = true;
@@ -467,6 +472,7 @@ int cmd_check(const Options& o) {
   std::fflush(stdout);  // the header before the progress on stderr, where both go to one log
   verify::RunOptions run;
   run.seed = o.seed;
+  if (o.deadline_s >= 0) run.hang_seconds = o.deadline_s;
   Progress progress(o.progress);
   report_to(progress, &run);
   std::vector<CaseReport> reports;
@@ -525,6 +531,7 @@ int cmd_run(const Options& o, bool bench) {
   const bool cpu = runs_on_cpu(o.spec.backend);
   verify::RunOptions run;
   run.seed = o.seed;
+  if (o.deadline_s >= 0) run.hang_seconds = o.deadline_s;
   run.check = !bench && !o.no_check;
   if (!fits_in_memory({o.spec}, bench ? Command::Bench : Command::Run, run.check,
                       /*name_cases=*/false,

@@ -16,6 +16,7 @@
 #include "verify/mask_rules.hpp"
 #include "verify/memory.hpp"
 #include "verify/rng.hpp"
+#include "verify/watchdog.hpp"
 
 namespace raggedattn {
 namespace verify {
@@ -428,11 +429,30 @@ class CaseCalls {
             const PackLayout& layout, Memory& mem, const Bound& b)
       : spec_(spec), opt_(opt), layout_(layout), mem_(mem), b_(b), ft_(b.fwd()), bt_(b.bwd()),
         fwd_([this, &plan] { return forward(plan, ft_, b_.ws_fwd, b_.ws_fwd_bytes); }),
-        bwd_([this, &plan] { return backward(plan, bt_, b_.ws_bwd, b_.ws_bwd_bytes); }) {}
+        bwd_([this, &plan] { return backward(plan, bt_, b_.ws_bwd, b_.ws_bwd_bytes); }),
+        on_device_(plan.path() != Path::Cpu) {}
 
   const char* stage = "memory";
 
   Status run(HostOutputs* test, CaseReport* r) {
+    {
+      const Watchdog dog = deadline("its forward, backward and downloads");
+      RATTN_RETURN_IF_ERROR(checked_calls(test, r));
+    }
+    if (opt_.timing_runs > 0) RATTN_RETURN_IF_ERROR(time_both(r));
+    return Status::Ok();
+  }
+
+ private:
+  // RunOptions::hang_seconds on a span of device work; none on the CPU path, whose calls are the
+  // host's own (the reference's sizes, minutes where a case is large).
+  Watchdog deadline(const char* what) const {
+    return Watchdog(on_device_ ? opt_.hang_seconds : 0.0,
+                    "case " + spec_.name + " (run seed " + std::to_string(opt_.seed) + "): " + what);
+  }
+
+  // The forward and backward once, their outputs downloaded, and deterministic mode's repeat.
+  Status checked_calls(HostOutputs* test, CaseReport* r) {
     stage = "forward";
     report_phase(opt_, "forward");
     RATTN_RETURN_IF_ERROR(mem_.time(fwd_, &r->fwd_ms));
@@ -442,11 +462,9 @@ class CaseCalls {
     stage = "memory";
     RATTN_RETURN_IF_ERROR(download_outputs(mem_, b_, test));
     if (spec_.deterministic && opt_.check) RATTN_RETURN_IF_ERROR(repeat_backward(*test, r));
-    if (opt_.timing_runs > 0) RATTN_RETURN_IF_ERROR(time_both(r));
     return Status::Ok();
   }
 
- private:
   // Same inputs, fresh poison: a deterministic backward must reproduce every byte.
   Status repeat_backward(const HostOutputs& test, CaseReport* r) {
     HostOutputs again = make_outputs(spec_, layout_, spec_.dtype);
@@ -471,10 +489,16 @@ class CaseCalls {
     RATTN_RETURN_IF_ERROR(mem_.alloc(opt_.l2_flush_bytes, &flush_));
     stage = "forward";
     report_phase(opt_, "timing forward");
-    RATTN_RETURN_IF_ERROR(time_direction(fwd_, &r->fwd_ms, &r->fwd_call_ms, &r->fwd_readings));
+    {
+      const Watchdog dog = deadline("its timed forward calls");
+      RATTN_RETURN_IF_ERROR(time_direction(fwd_, &r->fwd_ms, &r->fwd_call_ms, &r->fwd_readings));
+    }
     stage = "backward";
     report_phase(opt_, "timing backward");
-    RATTN_RETURN_IF_ERROR(time_direction(bwd_, &r->bwd_ms, &r->bwd_call_ms, &r->bwd_readings));
+    {
+      const Watchdog dog = deadline("its timed backward calls");
+      RATTN_RETURN_IF_ERROR(time_direction(bwd_, &r->bwd_ms, &r->bwd_call_ms, &r->bwd_readings));
+    }
     r->timed_runs = opt_.timing_runs;
     return Status::Ok();
   }
@@ -514,6 +538,7 @@ class CaseCalls {
   const FwdTensors ft_;
   const BwdTensors bt_;
   const std::function<Status()> fwd_, bwd_;
+  const bool on_device_;
   void* flush_ = nullptr;
 };
 

@@ -48,6 +48,11 @@ struct RunOptions {
   // (not timed), so no call finds its inputs in L2 from the call before: do_bench zeroes 256 MiB.
   size_t l2_flush_bytes = 0;
   const DeviceCaps* caps = nullptr;  // nullptr: query_device()
+  // > 0: the deadline, in seconds, on each of a case's spans of device work (the checked calls
+  // with their downloads, each direction's timed calls). Past it the process exits with status
+  // kExitHang, naming the case (watchdog.hpp): a kernel that never ends would otherwise stall the
+  // run without a word. The largest named or random case takes well under a second.
+  double hang_seconds = 300;
   // Where set, told what run_case is doing, for progress reports of long runs: each phase as it
   // starts (done = total = 0), and within the float64 brute force the rows done of how many.
   // Calls come from several threads but never two at once.

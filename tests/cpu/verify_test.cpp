@@ -20,6 +20,7 @@
 #include "verify/gpu_sensors.hpp"
 #include "verify/mask_rules.hpp"
 #include "verify/rng.hpp"
+#include "verify/watchdog.hpp"
 
 namespace raggedattn {
 namespace {
@@ -395,6 +396,40 @@ TEST(Runner, TimedCallsRunUntilTheMinimumTimeWithTheFlushBetween) {
   for (double ms : r.fwd_call_ms) total += ms;
   EXPECT_GE(total, 20.0);
   EXPECT_LT(total - r.fwd_call_ms.back(), 20.0);  // no call past the minimum
+}
+
+// A kernel that never ends blocks every later CUDA call, so past its deadline the watchdog ends
+// the process itself, naming the work; disarmed in time, it lets the process go on.
+TEST(Watchdog, PastItsDeadlineItNamesTheWorkAndExits) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        verify::Watchdog dog(0.2, "case spin (run seed 7): its forward, backward and downloads");
+        std::this_thread::sleep_for(std::chrono::seconds(20));
+      },
+      testing::ExitedWithCode(verify::kExitHang),
+      "case spin \\(run seed 7\\): its forward, backward and downloads: still running after "
+      "0.2 s, so a kernel hangs");
+}
+
+TEST(Watchdog, DisarmedInTimeItLetsTheProcessGoOn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  { verify::Watchdog dog(0.3, "work that ends"); }
+  { verify::Watchdog none(0, "no deadline"); }
+  // Past the first one's deadline: a watchdog that had not disarmed would have ended the process.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));  // no wait for it
+}
+
+// The CPU path's calls are the host's own: no deadline, however short the option.
+TEST(Runner, CpuPathRunsWithoutTheDeviceDeadline) {
+  verify::CaseSpec c = verify::named_suite(2, 1)[1];
+  c.backend = RATTN_BACKEND_CPU;
+  verify::RunOptions opt;
+  opt.hang_seconds = 1e-6;
+  const verify::CaseReport r = verify::run_case(c, opt);
+  EXPECT_EQ(r.status, RATTN_SUCCESS) << r.error;
+  EXPECT_TRUE(r.pass);
 }
 
 TEST(Runner, DeterministicBackwardIsComparedBitwise) {
