@@ -1,8 +1,10 @@
 #include "verify/watchdog.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <system_error>
 #include <utility>
 
 namespace raggedattn {
@@ -10,6 +12,18 @@ namespace verify {
 
 Watchdog::Watchdog(double seconds, std::string what) {
   if (seconds <= 0) return;
+  // Held under ~4 months: the wait's deadline is a clock reading in 64-bit nanoseconds, which a
+  // deadline of centuries would overflow.
+  seconds = std::min(seconds, 1e7);
+  // A process that cannot start one more thread runs the work without a deadline rather than
+  // failing it.
+  try {
+    start(seconds, std::move(what));
+  } catch (const std::system_error&) {
+  }
+}
+
+void Watchdog::start(double seconds, std::string what) {
   thread_ = std::thread([this, seconds, what = std::move(what)] {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto deadline = std::chrono::duration<double>(seconds);

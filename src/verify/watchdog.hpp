@@ -25,6 +25,8 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
 
  private:
+  void start(double seconds, std::string what);
+
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
