@@ -38,8 +38,9 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
   const uint32_t slice_bytes = uint32_t(BM) * S::kDqSliceCols * uint32_t(p.dq_accum.elem_bytes());
   // The step's whole tile, in the scratch's tile order (rows past the segment's end, whatever
   // they hold, land in its own slot's last tile and are never read).
+  auto head = [&](int qh) { return cta.hk * p.group + qh; };  // as warp 0 counts them
   auto tile_offset = [&](int qt, int qh) {
-    return p.dq_accum.offset(0, cta.b, seg.cu_q, cta.hk * p.group + qh, (w.m_first + qt) * BM);
+    return p.dq_accum.offset(0, cta.b, seg.cu_q, head(qh), (w.m_first + qt) * BM);
   };
   // Claimed tiles: the first key tile to claim one (0 -> 1) stores it and marks it written (2)
   // once its bulk copies have completed; any other adds only once the tile is marked. The
@@ -66,7 +67,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
     if (p.locks != nullptr) {  // deterministic: this key tile's turn on the dQ tile
       const int m0 = m_tile * BM;
       expected = p.mask.key_tile_turn(cta.tc.tile, m0, BN, seg.len_q, seg.len_kv);
-      lock = gpu::dq_tile_lock<BM>(p, cta.b, seg, cta.hk * p.group + qh, m_tile);
+      lock = gpu::dq_tile_lock<BM>(p, cta.b, seg, head(qh), m_tile);
       while (atomicAdd(lock, 0) != expected) __nanosleep(64);
       __threadfence();
     }
