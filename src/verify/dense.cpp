@@ -28,6 +28,10 @@ void axpy(double a, const double* x, double* y, int n) {
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+void add_abs(double a, const double* x, double* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * std::fabs(x[i]);
+}
+
 // Runs body(kv_head) for every KV head, on dense_threads(hkv) threads: a KV head owns its dK/dV
 // rows and its group's query heads, so the items never write the same memory. An exception of a
 // worker (std::bad_alloc of a score matrix) is rethrown here, not left to end the process.
@@ -225,6 +229,8 @@ DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const 
   g.dq = DenseTensor(p.rows_q, p.hq, p.dqk);
   g.dk = DenseTensor(p.rows_kv, p.hkv, p.dqk);
   g.dv = DenseTensor(p.rows_kv, p.hkv, p.dv);
+  g.dq_magnitude = DenseTensor(p.rows_q, p.hq, p.dqk);
+  g.dk_magnitude = DenseTensor(p.rows_kv, p.hkv, p.dqk);
   g.d_sink.assign(p.sink.size(), 0.0);
   g.d_sink_magnitude.assign(p.sink.size(), 0.0);
   const std::vector<uint8_t> mask = mask_matrix(p);
@@ -251,15 +257,19 @@ DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const 
           g.d_sink_magnitude[size_t(h)] += std::fabs(term);
         }
         double* dq = g.dq.row(r, h);
+        double* dq_mag = g.dq_magnitude.row(r, h);
         for (int64_t c = 0; c < p.rows_kv; ++c) {
           if (sr[c] == kNegInf) continue;
           const double prob = std::exp(sr[c] - lse);
           const double dprob = dot(dor, v.row(c, hk), p.dv);
-          const double dscore = prob * (dprob - delta);
-          const double draw = dscore * slope[size_t(r * p.rows_kv + c)];  // d/d(q.k)
+          const double slope_rc = slope[size_t(r * p.rows_kv + c)];
+          const double draw = prob * (dprob - delta) * slope_rc;  // d/d(q.k)
+          const double draw_mag = prob * (std::fabs(dprob) + std::fabs(delta)) * std::fabs(slope_rc);
           axpy(draw, k.row(c, hk), dq, p.dqk);
           axpy(draw, q.row(r, h), g.dk.row(c, hk), p.dqk);
           axpy(prob, dor, g.dv.row(c, hk), p.dv);
+          add_abs(draw_mag, k.row(c, hk), dq_mag, p.dqk);
+          add_abs(draw_mag, q.row(r, h), g.dk_magnitude.row(c, hk), p.dqk);
         }
       }
     }

@@ -61,6 +61,11 @@ struct DenseForward {
 };
 struct DenseBackward {
   DenseTensor dq, dk, dv;
+  // dQ's and dK's terms, element by element, in absolute value: the sums over keys (queries) of
+  // |dS| |K| (|dS| |Q|), with |dS_rj| taken as P_rj (|dP_rj| + |delta_r|). dS is a difference that
+  // can nearly cancel (a short causal segment whose dP is nearly level across its keys); a
+  // backend's rounding is relative to these, not to dQ and dK themselves.
+  DenseTensor dq_magnitude, dk_magnitude;
   std::vector<double> d_sink;  // [hq] where the problem has sinks, else empty
   // [hq]: the sum over the head's rows of the magnitudes of their d_sink terms. The terms have
   // both signs and their sum can nearly cancel; a backend's rounding is relative to these.

@@ -112,14 +112,39 @@ Metrics check_rows(const TensorView& x, const TensorView& ref, const TensorView*
   return m;
 }
 
+double cancellation(double sum_norm, double magnitude_norm) {
+  return sum_norm > 0 ? std::max(1.0, magnitude_norm / sum_norm) : 1.0;
+}
+
+namespace {
+
+// The norm of rows [row0, row0 + rows) of every head.
+double norm_rows(const TensorView& t, int64_t row0, int64_t rows) {
+  double s = 0;
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    for (int32_t h = 0; h < t.heads; ++h) {
+      for (int32_t d = 0; d < t.dim; ++d) s += t.at(r, h, d) * t.at(r, h, d);
+    }
+  }
+  return std::sqrt(s);
+}
+
+}  // namespace
+
 std::vector<Metrics> check_tensor(Tensor which, const std::vector<SegmentRows>& segments,
                                   const TensorView& x, const TensorView& ref,
-                                  const TensorView* lowp, const Tolerance& tol) {
+                                  const TensorView* lowp, const Tolerance& tol,
+                                  const TensorView* magnitude) {
   std::vector<Metrics> out;
   out.reserve(segments.size());
   for (const SegmentRows& s : segments) {
     const bool q = is_query_side(which);
-    out.push_back(check_rows(x, ref, lowp, q ? s.q_row0 : s.kv_row0, q ? s.len_q : s.len_kv, tol));
+    const int64_t row0 = q ? s.q_row0 : s.kv_row0, rows = q ? s.len_q : s.len_kv;
+    Tolerance t = tol;
+    if (magnitude) {
+      t.rel_floor *= cancellation(norm_rows(ref, row0, rows), norm_rows(*magnitude, row0, rows));
+    }
+    out.push_back(check_rows(x, ref, lowp, row0, rows, t));
   }
   return out;
 }
@@ -130,15 +155,16 @@ bool SegmentCheck::pass() const {
 
 std::vector<SegmentCheck> check_all(const std::vector<SegmentRows>& segments, const TensorViews& x,
                                     const TensorViews& ref, const TensorViews* lowp,
-                                    const Tolerances& tol) {
+                                    const Tolerances& tol, const TensorViews* magnitude) {
   std::vector<SegmentCheck> out(segments.size());
   for (size_t b = 0; b < segments.size(); ++b) {
     out[b].len_q = segments[b].len_q;
     out[b].len_kv = segments[b].len_kv;
   }
   for (int k = 0; k < kNumTensors; ++k) {
+    const TensorView* mag = magnitude && (*magnitude)[k].data ? &(*magnitude)[k] : nullptr;
     const std::vector<Metrics> per =
-        check_tensor(Tensor(k), segments, x[k], ref[k], lowp ? &(*lowp)[k] : nullptr, tol[k]);
+        check_tensor(Tensor(k), segments, x[k], ref[k], lowp ? &(*lowp)[k] : nullptr, tol[k], mag);
     for (size_t b = 0; b < segments.size(); ++b) out[b].t[k] = per[b];
   }
   return out;

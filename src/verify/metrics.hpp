@@ -74,11 +74,18 @@ Metrics compare(const double* x, const double* ref, const double* lowp, int64_t 
 Metrics check_rows(const TensorView& x, const TensorView& ref, const TensorView* lowp, int64_t row0,
                    int64_t rows, const Tolerance& tol);
 
+// How far a sum lies below the magnitudes of its terms, norm-wise (>= 1; 1 for a zero sum): the
+// factor by which a rounding error relative to each term grows relative to the sum.
+double cancellation(double sum_norm, double magnitude_norm);
+
 // One tensor, every segment: element b is segment b's metrics. Callable on any host arrays, e.g.
-// a dQ deliberately read through the wrong scratch layout.
+// a dQ deliberately read through the wrong scratch layout. `magnitude` (may be null) holds the
+// sums of the reference's terms in absolute value: each segment's rel_floor then grows by its
+// cancellation, since a rounding relative to the terms is what an exact-in-spirit path makes.
 std::vector<Metrics> check_tensor(Tensor which, const std::vector<SegmentRows>& segments,
                                   const TensorView& x, const TensorView& ref,
-                                  const TensorView* lowp, const Tolerance& tol);
+                                  const TensorView* lowp, const Tolerance& tol,
+                                  const TensorView* magnitude = nullptr);
 
 using TensorViews = std::array<TensorView, kNumTensors>;  // indexed by Tensor
 using Tolerances = std::array<Tolerance, kNumTensors>;
@@ -90,10 +97,12 @@ struct SegmentCheck {
   bool pass() const;
 };
 
-// Every tensor, every segment. `lowp` may be null (then the bound is the floor alone).
+// Every tensor, every segment. `lowp` may be null (then the bound is the floor alone), and so may
+// `magnitude` or any of its views (check_tensor; a view without data: no such allowance).
 std::vector<SegmentCheck> check_all(const std::vector<SegmentRows>& segments, const TensorViews& x,
                                     const TensorViews& ref, const TensorViews* lowp,
-                                    const Tolerances& tol);
+                                    const Tolerances& tol,
+                                    const TensorViews* magnitude = nullptr);
 
 // Views of a set of outputs, in Tensor order.
 TensorViews views(const HostOutputs& out);

@@ -269,15 +269,14 @@ Metrics check_d_sink(const HostTensor& x, const std::vector<double>& ref,
   return m;
 }
 
-// How far a sum lies below the magnitudes of its terms, norm-wise over the heads (>= 1): the
-// factor by which a rounding error relative to each term grows relative to the sum.
-double cancellation(const std::vector<double>& sum, const std::vector<double>& magnitude) {
+// cancellation() of d_sink, norm-wise over the heads.
+double d_sink_cancellation(const std::vector<double>& sum, const std::vector<double>& magnitude) {
   double s = 0, m = 0;
   for (size_t h = 0; h < sum.size(); ++h) {
     s += sum[h] * sum[h];
     m += magnitude[h] * magnitude[h];
   }
-  return s > 0 ? std::max(1.0, std::sqrt(m / s)) : 1.0;
+  return cancellation(std::sqrt(s), std::sqrt(m));
 }
 
 // With sinks, a row that sees no key has O = 0 and LSE = the sink's logit by definition (no
@@ -355,12 +354,13 @@ std::vector<HostNeed> host_needs(const CaseSpec& s, bool cpu_path, bool check) {
                    tensor_bytes(s, elem, 4)});
   if (cpu_path) needs.push_back({"the cpu backend's copies of them", tensor_bytes(s, elem, 4)});
   if (check && cpu_path) {
-    // Float64 copies of the tensors (O twice: the backward's input and the forward's result), the
-    // mask, and each thread's scores and slopes during the backward.
+    // Float64 copies of the tensors (O twice: the backward's input and the forward's result),
+    // dQ's and dK's magnitudes, the mask, and each thread's scores and slopes during the backward.
     const int threads = dense_threads(s.hkv);
     const double pairs = double(tokens_q) * double(tokens_kv);
-    const double bytes =
-        tensor_bytes(s, 8, 8) + double(tokens_q) * s.hq * s.dv * 8 + pairs + threads * pairs * 16;
+    const double magnitudes = (double(tokens_q) * s.hq + double(tokens_kv) * s.hkv) * s.dqk * 8;
+    const double bytes = tensor_bytes(s, 8, 8) + double(tokens_q) * s.hq * s.dv * 8 + magnitudes +
+                         pairs + threads * pairs * 16;
     const std::string matrix = "[" + to_string(tokens_q) + " x " + to_string(tokens_kv) + "]";
     const std::string on =
         threads == 1 ? "on its thread" : "on each of " + to_string(threads) + " threads";
@@ -554,10 +554,14 @@ void check_outputs(const CaseSpec& spec, const RunOptions& opt, const Plan& plan
     const TensorViews ref = {dense.f.o.view(), dense.f.lse.view(), dense.g.dq.view(),
                              dense.g.dk.view(), dense.g.dv.view()};
     const Tolerances tol = dense_tolerances(spec.dtype);
-    r->segments = check_all(layout.segments, views(test), ref, nullptr, tol);
+    // dQ's and dK's rounding is relative to their terms (dS nearly cancels in short segments).
+    TensorViews magnitude{};
+    magnitude[size_t(Tensor::Dq)] = dense.g.dq_magnitude.view();
+    magnitude[size_t(Tensor::Dk)] = dense.g.dk_magnitude.view();
+    r->segments = check_all(layout.segments, views(test), ref, nullptr, tol, &magnitude);
     // d_sink is fp32 whatever the data's dtype, as LSE is; its rounding is relative to its terms.
     Tolerance d_sink_tol = tol[size_t(Tensor::Lse)];
-    d_sink_tol.rel_floor *= cancellation(dense.g.d_sink, dense.g.d_sink_magnitude);
+    d_sink_tol.rel_floor *= d_sink_cancellation(dense.g.d_sink, dense.g.d_sink_magnitude);
     r->d_sink = check_d_sink(test.d_sink, dense.g.d_sink, nullptr, d_sink_tol);
   } else {
     r->mode = CheckMode::Reference;

@@ -374,6 +374,11 @@ TEST(DenseBruteForce, HandComputedValues) {
   EXPECT_NEAR(g.dq.row(0, 0)[0], 0.75 * std::log(3.0), 1e-12);
   EXPECT_NEAR(g.dk.row(0, 0)[0], -0.75 / 8.0, 1e-12);
   EXPECT_NEAR(g.dk.row(1, 0)[0], 0.75 / 8.0, 1e-12);
+  // The terms in absolute value: |dS_j| as P_j (|dP_j| + |delta|) = (1/4 * 5, 3/4 * 9); dQ's sum
+  // is 9x dQ itself (its terms cancel), which is what widens the cpu path's bound on it.
+  EXPECT_NEAR(g.dq_magnitude.row(0, 0)[0], 0.75 * 9.0 * std::log(3.0), 1e-12);
+  EXPECT_NEAR(g.dk_magnitude.row(0, 0)[0], 0.25 * 5.0 / 8.0, 1e-12);
+  EXPECT_NEAR(g.dk_magnitude.row(1, 0)[0], 0.75 * 9.0 / 8.0, 1e-12);
 }
 
 TEST(DenseBruteForce, HandComputedValuesWithASinkAndAnLseCotangent) {

@@ -170,6 +170,37 @@ TEST(Compare, AllZeroReferenceBoundsMaxAbs) {
   EXPECT_TRUE(m.pass);
 }
 
+TEST(Compare, TermMagnitudesWidenEachSegmentsFloorByItsCancellation) {
+  // Two segments of one row, 64 values: the first a sum whose terms are 1000x it (it cancels),
+  // the second one that does not. Both carry 5e-6 of relative error, over the 1e-6 floor.
+  verify::HostTensor ref(RATTN_DTYPE_FP32, 2, 1, 64), x(RATTN_DTYPE_FP32, 2, 1, 64),
+      magnitude(RATTN_DTYPE_FP32, 2, 1, 64);
+  const std::vector<double> r = randn(128, 16), e = noisy(r, 5e-6, 17);
+  for (int i = 0; i < 128; ++i) {
+    static_cast<float*>(ref.data())[i] = float(r[size_t(i)]);
+    static_cast<float*>(x.data())[i] = float(e[size_t(i)]);
+    static_cast<float*>(magnitude.data())[i] = float(std::fabs(r[size_t(i)]) * (i < 64 ? 1e3 : 1));
+  }
+  std::vector<verify::SegmentRows> segments(2);
+  segments[0].q_row0 = 0;
+  segments[1].q_row0 = 1;
+  segments[0].len_q = segments[1].len_q = 1;
+  const Tolerance tol{verify::kMinCosine, 0.0, 1e-6};
+  const verify::TensorView mag = magnitude.view();
+  const std::vector<Metrics> plain =
+      verify::check_tensor(verify::Tensor::Dq, segments, x.view(), ref.view(), nullptr, tol);
+  const std::vector<Metrics> wide =
+      verify::check_tensor(verify::Tensor::Dq, segments, x.view(), ref.view(), nullptr, tol, &mag);
+  EXPECT_FALSE(plain[0].pass);
+  EXPECT_FALSE(plain[1].pass);
+  EXPECT_NEAR(wide[0].bound, 1e-3, 1e-9);
+  EXPECT_TRUE(wide[0].pass) << wide[0].rel;
+  EXPECT_DOUBLE_EQ(wide[1].bound, 1e-6);  // magnitudes equal to the sum: no allowance
+  EXPECT_FALSE(wide[1].pass) << wide[1].rel;
+  EXPECT_EQ(verify::cancellation(0.0, 5.0), 1.0);
+  EXPECT_EQ(verify::cancellation(2.0, 1.0), 1.0);
+}
+
 TEST(Compare, EmptySegmentPasses) {
   verify::HostTensor t(RATTN_DTYPE_BF16, 4, 2, 64);
   const Metrics m = verify::check_rows(t.view(), t.view(), nullptr, 2, 0, {});
