@@ -387,6 +387,14 @@ void print_header(const Options& o, const std::vector<Path>& paths) {
   std::printf("%s\n", backend_line(o.spec.backend, paths).c_str());
 }
 
+// What every command that runs cases takes from its command line: the seed and the deadline.
+verify::RunOptions run_options(const Options& o) {
+  verify::RunOptions run;
+  run.seed = o.seed;
+  if (o.deadline_s >= 0) run.hang_seconds = o.deadline_s;
+  return run;
+}
+
 // run_case's progress reports, to `progress` where it reports at all.
 void report_to(Progress& progress, verify::RunOptions* run) {
   if (!progress.on()) return;
@@ -470,9 +478,7 @@ int cmd_check(const Options& o) {
   print_header(o, paths);
   for (const std::string& why : skipped) std::printf("skipped %s\n", why.c_str());
   std::fflush(stdout);  // the header before the progress on stderr, where both go to one log
-  verify::RunOptions run;
-  run.seed = o.seed;
-  if (o.deadline_s >= 0) run.hang_seconds = o.deadline_s;
+  verify::RunOptions run = run_options(o);
   Progress progress(o.progress);
   report_to(progress, &run);
   std::vector<CaseReport> reports;
@@ -529,9 +535,7 @@ void print_times(const CaseSpec& spec, const CaseReport& r) {
 
 int cmd_run(const Options& o, bool bench) {
   const bool cpu = runs_on_cpu(o.spec.backend);
-  verify::RunOptions run;
-  run.seed = o.seed;
-  if (o.deadline_s >= 0) run.hang_seconds = o.deadline_s;
+  verify::RunOptions run = run_options(o);
   run.check = !bench && !o.no_check;
   if (!fits_in_memory({o.spec}, bench ? Command::Bench : Command::Run, run.check,
                       /*name_cases=*/false,
