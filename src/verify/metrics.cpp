@@ -140,11 +140,10 @@ std::vector<Metrics> check_tensor(Tensor which, const std::vector<SegmentRows>& 
   for (const SegmentRows& s : segments) {
     const bool q = is_query_side(which);
     const int64_t row0 = q ? s.q_row0 : s.kv_row0, rows = q ? s.len_q : s.len_kv;
-    Tolerance t = tol;
-    if (magnitude) {
-      t.rel_floor *= cancellation(norm_rows(ref, row0, rows), norm_rows(*magnitude, row0, rows));
-    }
-    out.push_back(check_rows(x, ref, lowp, row0, rows, t));
+    const double factor =
+        magnitude ? cancellation(norm_rows(ref, row0, rows), norm_rows(*magnitude, row0, rows))
+                  : 1.0;
+    out.push_back(check_rows(x, ref, lowp, row0, rows, tol.with_cancellation(factor)));
   }
   return out;
 }

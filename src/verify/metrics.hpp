@@ -44,6 +44,15 @@ struct Tolerance {
   double lowp_factor = kLowpFactor;
   double rel_floor = kRelFloor;
   double zero_abs = kZeroRefAbsFloor;
+  // The part of rel_floor that is relative to the sum's terms rather than to the sum (the
+  // arithmetic's rounding, not the output's to its storage type): where the terms cancel, it
+  // grows by their cancellation (check_tensor's `magnitude`, d_sink).
+  double terms_floor = 0.0;
+  Tolerance with_cancellation(double factor) const {
+    Tolerance t = *this;
+    t.rel_floor += terms_floor * (factor - 1.0);
+    return t;
+  }
 };
 
 struct Metrics {
@@ -80,8 +89,8 @@ double cancellation(double sum_norm, double magnitude_norm);
 
 // One tensor, every segment: element b is segment b's metrics. Callable on any host arrays, e.g.
 // a dQ deliberately read through the wrong scratch layout. `magnitude` (may be null) holds the
-// sums of the reference's terms in absolute value: each segment's rel_floor then grows by its
-// cancellation, since a rounding relative to the terms is what an exact-in-spirit path makes.
+// sums of the reference's terms in absolute value: each segment's tol.terms_floor then grows by
+// its cancellation (Tolerance::with_cancellation).
 std::vector<Metrics> check_tensor(Tensor which, const std::vector<SegmentRows>& segments,
                                   const TensorView& x, const TensorView& ref,
                                   const TensorView* lowp, const Tolerance& tol,
