@@ -264,7 +264,8 @@ DenseBackward dense_backward(const DenseProblem& p, const DenseTensor& q, const 
           const double dprob = dot(dor, v.row(c, hk), p.dv);
           const double slope_rc = slope[size_t(r * p.rows_kv + c)];
           const double draw = prob * (dprob - delta) * slope_rc;  // d/d(q.k)
-          const double draw_mag = prob * (std::fabs(dprob) + std::fabs(delta)) * std::fabs(slope_rc);
+          const double draw_mag =
+              prob * (std::fabs(dprob) + std::fabs(delta)) * std::fabs(slope_rc);
           axpy(draw, k.row(c, hk), dq, p.dqk);
           axpy(draw, q.row(r, h), g.dk.row(c, hk), p.dqk);
           axpy(prob, dor, g.dv.row(c, hk), p.dv);

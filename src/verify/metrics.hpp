@@ -110,8 +110,7 @@ struct SegmentCheck {
 // `magnitude` or any of its views (check_tensor; a view without data: no such allowance).
 std::vector<SegmentCheck> check_all(const std::vector<SegmentRows>& segments, const TensorViews& x,
                                     const TensorViews& ref, const TensorViews* lowp,
-                                    const Tolerances& tol,
-                                    const TensorViews* magnitude = nullptr);
+                                    const Tolerances& tol, const TensorViews* magnitude = nullptr);
 
 // Views of a set of outputs, in Tensor order.
 TensorViews views(const HostOutputs& out);

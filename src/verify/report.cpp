@@ -34,9 +34,10 @@ std::string mode_str(const CaseReport& r) {
       return fmt("vs CPU reference: cos >= %.4f, rel <= %.0f x low-precision rel + %.0e",
                  kMinCosine, kLowpFactor, kRelFloor);
     case CheckMode::Dense:
-      return fmt("vs float64 brute force: cos >= %.4f, rel <= %.0e (x the terms' cancellation "
-                 "in dQ, dK) + %s rounding",
-                 kMinCosine, kReferenceMathTol, dtype_str(r.spec.dtype));
+      return fmt(
+          "vs float64 brute force: cos >= %.4f, rel <= %.0e (x the terms' cancellation "
+          "in dQ, dK) + %s rounding",
+          kMinCosine, kReferenceMathTol, dtype_str(r.spec.dtype));
     case CheckMode::None:
       break;
   }
