@@ -91,5 +91,14 @@ __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
   return v;
 }
 
+// A GPU-scope store and addition with release semantics: this thread's earlier accesses are
+// visible to whoever acquires the new value (without fence.sc's drain).
+__device__ __forceinline__ void store_release(int32_t* p, int32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void add_release(int32_t* p, int32_t v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 }  // namespace gpu
 }  // namespace raggedattn

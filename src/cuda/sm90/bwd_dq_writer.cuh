@@ -68,8 +68,8 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
       const int m0 = m_tile * BM;
       expected = p.mask.key_tile_turn(cta.tc.tile, m0, BN, seg.len_q, seg.len_kv);
       lock = gpu::dq_tile_lock<BM>(p, cta.b, seg, head(qh), m_tile);
-      while (atomicAdd(lock, 0) != expected) __nanosleep(64);
-      __threadfence();
+      while (load_acquire(lock) != expected) __nanosleep(64);
+      fence_proxy_async_global();  // the earlier turns' adds seen before this thread's
     }
     const bool first = claimed == 0;
     if (claim && !first) {  // another key tile's: wait for its store (acquired with the mark)
@@ -90,22 +90,16 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, const BwdCta& 
       claim = take_claim(off, claimed);
     }
     // Each slice's shared memory may be written again once its group has read it.
-    if (lock) {
-      bulk_wait_done();
-      fence_proxy_async_global();
-      __threadfence();
-      atomicAdd(lock, 1);
-    } else {
-      bulk_wait_read_but<1>();  // slice 0's group
-    }
+    bulk_wait_read_but<1>();  // slice 0's group
     mbar_arrive(&bars.dq_empty[0]);
     bulk_wait_read();
     mbar_arrive(&bars.dq_empty[1]);
-    if (first) {  // the tile is written: the other key tiles may add into it
+    // The next turn, or the other key tiles' adds, once this step's writes are performed.
+    if (lock || first) {
       bulk_wait_done();
       fence_proxy_async_global();
-      __threadfence();
-      atomicExch(step_claim, 2);
+      if (lock) add_release(lock, 1);
+      if (first) store_release(step_claim, 2);
     }
   }
   bulk_wait_done();

@@ -55,6 +55,7 @@ __device__ __forceinline__ void wgmma_wait() {
 // The proxy fences and bulk reduce-adds (plain sm_90, shared with the portable backward's sm_90
 // build): fence_proxy_async_smem makes this thread's generic-proxy shared-memory writes (cp.async
 // included) visible to the async proxy that wgmma and TMA read through (a CTA barrier must follow).
+using gpu::add_release;
 using gpu::atomic_cas_acquire;
 using gpu::bulk_commit;
 using gpu::bulk_reduce_add;
@@ -65,6 +66,7 @@ using gpu::bulk_wait_read_but;
 using gpu::fence_proxy_async_global;
 using gpu::fence_proxy_async_smem;
 using gpu::load_acquire;
+using gpu::store_release;
 
 // mbarrier (shared memory, CTA scope): a phase completes when `count` arrivals have happened.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
