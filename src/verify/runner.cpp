@@ -425,9 +425,15 @@ Status bind_tensors(Memory& mem, const Plan& plan, const PackLayout& layout, con
 // `stage` names the call a failure comes from.
 class CaseCalls {
  public:
-  CaseCalls(const CaseSpec& spec, const RunOptions& opt, const Plan& plan,
-            const PackLayout& layout, Memory& mem, const Bound& b)
-      : spec_(spec), opt_(opt), layout_(layout), mem_(mem), b_(b), ft_(b.fwd()), bt_(b.bwd()),
+  CaseCalls(const CaseSpec& spec, const RunOptions& opt, const Plan& plan, const PackLayout& layout,
+            Memory& mem, const Bound& b)
+      : spec_(spec),
+        opt_(opt),
+        layout_(layout),
+        mem_(mem),
+        b_(b),
+        ft_(b.fwd()),
+        bt_(b.bwd()),
         fwd_([this, &plan] { return forward(plan, ft_, b_.ws_fwd, b_.ws_fwd_bytes); }),
         bwd_([this, &plan] { return backward(plan, bt_, b_.ws_bwd, b_.ws_bwd_bytes); }),
         on_device_(plan.path() != Path::Cpu) {}
@@ -447,8 +453,9 @@ class CaseCalls {
   // RunOptions::hang_seconds on a span of device work; none on the CPU path, whose calls are the
   // host's own (the reference's sizes, minutes where a case is large).
   Watchdog deadline(const char* what) const {
-    return Watchdog(on_device_ ? opt_.hang_seconds : 0.0,
-                    "case " + spec_.name + " (run seed " + std::to_string(opt_.seed) + "): " + what);
+    return Watchdog(
+        on_device_ ? opt_.hang_seconds : 0.0,
+        "case " + spec_.name + " (run seed " + std::to_string(opt_.seed) + "): " + what);
   }
 
   // The forward and backward once, their outputs downloaded, and deterministic mode's repeat.
