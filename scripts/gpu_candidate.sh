@@ -15,8 +15,9 @@
 #    PROCESSES, default 2), so the workloads timed before the limit keep their results.
 # 3. FlashAttention-3 on the same workloads where ANCHORS_DIR holds anchors_fa3_jax.py and its
 #    wheel imports, then head dims 64 and 256 for both builds (bench/head_dims.py).
-# Each part runs only while TOTAL seconds (default 540) leave it room: set TOTAL to the call's
-# limit less a margin. summary.txt under OUT_DIR has one line per part.
+# Part 1 has CORRECTNESS_S seconds (default 280); each later part runs only while TOTAL seconds
+# (default 540) leave it room: set TOTAL to the call's limit less a margin. summary.txt under
+# OUT_DIR has one line per part (a part cut at its limit shows rc=124).
 set -u
 build=$(cd "$1" && pwd)
 out=$2
@@ -45,9 +46,13 @@ cp "$cand/libraggedattn.so" "$mixed/src/"
 cli="$mixed/tools/raggedattn"
 left() { echo $((total - (SECONDS - t0))); }
 
+# Part 1 ends by CORRECTNESS_S seconds (default 280) whatever its parts' own limits say.
+deadline=$((t0 + ${CORRECTNESS_S:-280}))
 part() {  # name limit command...: one line in the summary (exit status, time, verdict line)
   local name=$1 limit=$2
   shift 2
+  [ "$limit" -gt $((deadline - SECONDS)) ] && limit=$((deadline - SECONDS))
+  [ "$limit" -lt 5 ] && limit=5
   timeout -k 10 "$limit" "$@" >"$out/$name.txt" 2>&1
   local rc=$?
   echo "$name rc=$rc at $((SECONDS - t0)) s: $(grep -E '^(PASS|FAIL) \(|passed|failed|ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK SUMMARY|tests ran' "$out/$name.txt" | tail -n 1)" >>"$summary"
@@ -77,10 +82,11 @@ sanitize() {  # tool name check-options...
     sanitize synccheck synccheck --backend cuda --heads 2/1; } &
   steps=python
   [ -n "${PEER_FA_DIR:-}" ] && steps="python peer_fa"
-  part python_session "${PYTHON_S:-260}" bash "$repo/scripts/gpu_session.sh" "$mixed" "$out/python" $steps &
+  part python_session 300 bash "$repo/scripts/gpu_session.sh" "$mixed" "$out/python" $steps &
   wait
 )
 echo "correctness done at $((SECONDS - t0)) s" >>"$summary"
+deadline=$((t0 + total))
 
 # 2. The candidate against the base, workload by workload.
 for w in one_doc_16k docs_mixed_32k_full docs_mixed_32k docs_short_32k; do
