@@ -24,17 +24,8 @@
 # N processes, the median reported; bench/run.py --processes).
 # Each step's log goes to OUT_DIR/<step>.txt.
 set -u
-# Restores files staged with `stage_build.sh --xz` (Python's lzma: no xz binary needed there),
-# below BUILD_DIR and the AB_LIBS folders, keeping their modes.
-for dir in "$1" $(for spec in ${AB_LIBS:-}; do echo "${spec#*=}"; done); do
-  find "$dir" -name '*.xz' -print0 | xargs -0 -r python3 -c '
-import lzma, os, shutil, sys
-for f in sys.argv[1:]:
-    with lzma.open(f) as src, open(f[:-3], "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    os.chmod(f[:-3], 0o755)
-    os.remove(f)'
-done
+# Files staged with `stage_build.sh --xz`, below BUILD_DIR and the AB_LIBS folders, restored.
+bash "$(dirname "$0")/restore_staged.sh" "$1" $(for spec in ${AB_LIBS:-}; do echo "${spec#*=}"; done)
 build=$(cd "$1" && pwd)
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$2
@@ -52,9 +43,16 @@ lens, causal = WORKLOADS['$1']
 print('--segments', ','.join(map(str, lens)), '--heads', f'{HQ}/{HKV}', '--dim', D, '--causal' if causal else '')"
 }
 
+# DEADLINE (seconds since the epoch, optional): no step runs past it, whatever its own limit, so a
+# caller that runs several sessions side by side bounds them all (scripts/gpu_candidate.sh).
 step() {  # name timeout_s command...  (STEP_SIGNAL=INT: interrupt at the limit, as for pytest)
   local name=$1 limit=$2
   shift 2
+  if [ -n "${DEADLINE:-}" ]; then
+    local room=$((DEADLINE - $(date +%s)))
+    [ "$limit" -gt "$room" ] && limit=$room
+    [ "$limit" -lt 5 ] && limit=5
+  fi
   echo "== $name: $*"
   local t0=$SECONDS
   timeout ${STEP_SIGNAL:+-s "$STEP_SIGNAL" -k 20} "$limit" "$@" >"$out/$name.txt" 2>&1
@@ -76,7 +74,8 @@ for s in $steps; do
       step check_dq_fp32 300 "$cli" check --backend cuda
       step check_dq_bf16 300 "$cli" check --backend cuda --dq-accum bf16
       step check_deterministic 300 "$cli" check --backend cuda --deterministic
-      step check_portable 300 "$cli" check --backend cuda_portable ;;
+      step check_portable 300 "$cli" check --backend cuda_portable
+      step check_portable_deterministic 300 "$cli" check --backend cuda_portable --deterministic ;;
     tests)
       step gpu_tests 420 "$build/tests/gpu/raggedattn_gpu_tests" --gtest_brief=1 ;;
     sanitize)

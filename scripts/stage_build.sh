@@ -5,7 +5,8 @@
 # --lib-only: just libraggedattn.so, directly in DEST (another build to measure against with
 # `gpu_session.sh ... ab`; the command and the tests load it through LD_LIBRARY_PATH).
 # --xz: every staged file compressed to FILE.xz (a library of 18 MB becomes ~2 MB, so several
-# builds fit what a remote call carries); gpu_session.sh restores them before it starts.
+# builds fit what a remote call carries); gpu_session.sh and gpu_candidate.sh restore them
+# (restore_staged.sh) before they start.
 set -eu
 b=$1 d=$2
 shift 2
